@@ -1,0 +1,1 @@
+"""Metrics, step-time fit, statistics and reports computed from per-step series."""

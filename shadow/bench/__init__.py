@@ -1,0 +1,1 @@
+"""Benchmarks that print numbers: speed targets are checked here, not in timed unit tests."""

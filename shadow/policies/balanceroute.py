@@ -1,0 +1,230 @@
+"""BR-0 and BR-H: route by the barrier cost, with the two-stage admission round of
+BALANCEROUTE.md (greedy while many slots are free, exact subset choice when few are).
+
+Both policies share the round; they differ only in the load picture the round scores
+against: BR-0 the current loads, BR-H a projection of every worker's load over the next
+`H + 1` steps from the predicted survival of its active requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shadow.policies.base import Policy
+from shadow.policies.fscore import PiecewiseObjective, discounts
+from shadow.policies.snapshot import ActiveSet, Admission, FleetSnapshot, ReadyPool
+from shadow.policies.subset import best_subset
+from shadow.predict.predictors import Predictor
+
+MAX_CANDIDATES = 24
+
+
+@dataclass(frozen=True)
+class BalanceRouteConfig:
+    """Parameters of BR-H (and of the admission round BR-0 shares)."""
+
+    horizon: int = 80
+    alpha: float = 1.0
+    beta: float = 43.0
+    gamma: float = 0.86
+    s_greedy: int = 7
+    r_max: int = 4
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.horizon < 0:
+            problems.append(f"horizon must be >= 0, got {self.horizon}")
+        if self.alpha < 0 or self.beta < 0:
+            problems.append(f"alpha and beta must be >= 0, got {self.alpha}, {self.beta}")
+        if not 0 < self.gamma <= 1:
+            problems.append(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.s_greedy < 0:
+            problems.append(f"s_greedy must be >= 0, got {self.s_greedy}")
+        if not 1 <= self.r_max <= MAX_CANDIDATES:
+            problems.append(f"r_max must be in 1..{MAX_CANDIDATES}, got {self.r_max}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def coefficients(self, workers: int) -> tuple[float, float]:
+        """`(alpha, beta)`; `H = 0` forces `(1, G)`, which makes BR-H exactly BR-0."""
+        if self.horizon == 0:
+            return 1.0, float(workers)
+        return self.alpha, self.beta
+
+
+class _CurrentLoads:
+    """BR-0's load picture: the loads now; one margin per worker."""
+
+    def __init__(self, load: np.ndarray) -> None:
+        self.current = load.astype(np.float64)
+        self._top = float(self.current.max())
+        self._workers = load.shape[0]
+
+    def objective(self, g: int) -> PiecewiseObjective:
+        return PiecewiseObjective.br0(self._top - float(self.current[g]), self._workers)
+
+    def safe_margins(self) -> np.ndarray:
+        return self._top - self.current
+
+    def add(self, g: int, tokens: int) -> None:
+        self.current[g] += tokens
+        self._top = max(self._top, float(self.current[g]))
+
+
+def project_loads(
+    load: np.ndarray, active: ActiveSet, contribution: np.ndarray, horizon: int
+) -> np.ndarray:
+    """`Lhat[g, h] = sum over active i on g of 1[h < c_i] * (s_i + a_i + h)`, h = 0..H.
+
+    A request with contribution `c` is alive at offsets `0..ceil(c)-1`; counting where
+    each request stops (a bincount) and subtracting running totals from the current
+    load and count gives every worker's projection without a loop over requests.
+    """
+    workers = load.shape[0]
+    width = horizon + 2
+    stop = np.clip(np.ceil(contribution), 0, horizon + 1).astype(np.int64)
+    cell = active.worker * width + stop
+    base = (active.prompt_tokens + active.generated).astype(np.float64)
+    stopped_tokens = np.bincount(cell, weights=base, minlength=workers * width)
+    stopped_count = np.bincount(cell, minlength=workers * width).astype(np.float64)
+    stopped_tokens = np.cumsum(stopped_tokens.reshape(workers, width), axis=1)[:, : horizon + 1]
+    stopped_count = np.cumsum(stopped_count.reshape(workers, width), axis=1)[:, : horizon + 1]
+    count = np.bincount(active.worker, minlength=workers).astype(np.float64)
+    offsets = np.arange(horizon + 1, dtype=np.float64)
+    alive_tokens = load.astype(np.float64)[:, None] - stopped_tokens
+    alive_count = count[:, None] - stopped_count
+    return alive_tokens + offsets * alive_count
+
+
+class _ProjectedLoads:
+    """BR-H's load picture: the projection, its envelope and discounted margins."""
+
+    def __init__(
+        self,
+        load: np.ndarray,
+        projection: np.ndarray,
+        discount: np.ndarray,
+        alpha: float,
+        beta: float,
+    ) -> None:
+        self.current = load.astype(np.float64)
+        self._projection = projection
+        self._envelope = projection.max(axis=0)
+        self._discount = discount
+        self._alpha = alpha
+        self._beta = beta
+
+    def objective(self, g: int) -> PiecewiseObjective:
+        return PiecewiseObjective(
+            self._envelope - self._projection[g], self._discount, self._alpha, self._beta
+        )
+
+    def safe_margins(self) -> np.ndarray:
+        """(choice) The tokens a worker can take at no penalty anywhere in the horizon."""
+        return (self._envelope - self._projection).min(axis=1)
+
+    def add(self, g: int, tokens: int) -> None:
+        self.current[g] += tokens
+        row = self._projection[g]
+        row += tokens
+        np.maximum(self._envelope, row, out=self._envelope)
+
+
+def two_stage_admission(
+    picture: _CurrentLoads | _ProjectedLoads,
+    free: np.ndarray,
+    prompts: np.ndarray,
+    config: BalanceRouteConfig,
+) -> list[tuple[int, int]]:
+    """The admission round; returns `(pool position, worker index)` in decision order."""
+    free = free.astype(np.int64)
+    pool_size = prompts.shape[0]
+    taken = np.zeros(pool_size, dtype=bool)
+    decided: list[tuple[int, int]] = []
+    slots = int(free.sum())
+    worker_index = np.arange(free.shape[0])
+
+    # Stage 1: while many slots are free, the emptiest worker takes its best single request.
+    while slots > config.s_greedy and len(decided) < pool_size:
+        g = int(np.lexsort((worker_index, picture.current, -free))[0])
+        scores = picture.objective(g).values(prompts)
+        scores[taken] = -np.inf
+        i = int(np.argmax(scores))
+        taken[i] = True
+        picture.add(g, int(prompts[i]))
+        free[g] -= 1
+        slots -= 1
+        decided.append((i, g))
+
+    # Stage 2: the worker with the largest safe margin takes the best subset of the first
+    # R_max requests in pool order; a best F <= 0 still admits one (starvation guard).
+    queue = np.flatnonzero(~taken).tolist()
+    while queue and slots > 0:
+        margins = np.where(free > 0, picture.safe_margins(), -np.inf)
+        g = int(np.lexsort((worker_index, -free, -margins))[0])
+        candidates = queue[: config.r_max]
+        sizes = prompts[candidates]
+        objective = picture.objective(g)
+        choice = best_subset(objective, sizes.tolist(), int(free[g]))
+        positions = choice.positions
+        if choice.score <= 0:
+            positions = (int(np.argmax(objective.values(sizes))),)
+        for position in positions:
+            i = candidates[position]
+            picture.add(g, int(prompts[i]))
+            free[g] -= 1
+            slots -= 1
+            decided.append((i, g))
+        chosen = {candidates[p] for p in positions}
+        queue = [i for i in queue[: config.r_max] if i not in chosen] + queue[config.r_max :]
+    return decided
+
+
+def _as_admissions(
+    decided: list[tuple[int, int]], snapshot: FleetSnapshot, pool: ReadyPool
+) -> list[Admission]:
+    return [Admission(pool.request_ids[i], snapshot.worker_ids[g]) for i, g in decided]
+
+
+class BalanceRouteZero(Policy):
+    """BR-0: minimise the current step's barrier gap."""
+
+    name = "br0"
+
+    def __init__(self, config: BalanceRouteConfig | None = None, seed: int = 0) -> None:
+        base = config or BalanceRouteConfig()
+        self.config = BalanceRouteConfig(horizon=0, s_greedy=base.s_greedy, r_max=base.r_max)
+
+    def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:
+        if not len(pool):
+            return []
+        picture = _CurrentLoads(snapshot.load)
+        decided = two_stage_admission(picture, snapshot.free_slots, pool.prompt_tokens, self.config)
+        return _as_admissions(decided, snapshot, pool)
+
+
+class BalanceRouteHorizon(Policy):
+    """BR-H: minimise the discounted gap over the next `H + 1` projected steps."""
+
+    name = "brh"
+
+    def __init__(
+        self, predictor: Predictor, config: BalanceRouteConfig | None = None, seed: int = 0
+    ) -> None:
+        self.config = config or BalanceRouteConfig()
+        self.predictor = predictor
+
+    def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:
+        if not len(pool):
+            return []
+        horizon = self.config.horizon
+        contribution = self.predictor.predict(snapshot.active, horizon).contribution
+        projection = project_loads(snapshot.load, snapshot.active, contribution, horizon)
+        alpha, beta = self.config.coefficients(snapshot.workers)
+        picture = _ProjectedLoads(
+            snapshot.load, projection, discounts(horizon, self.config.gamma), alpha, beta
+        )
+        decided = two_stage_admission(picture, snapshot.free_slots, pool.prompt_tokens, self.config)
+        return _as_admissions(decided, snapshot, pool)

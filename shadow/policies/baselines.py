@@ -1,0 +1,135 @@
+"""The incumbent (`jsq`) and the reference policies. They take the pool in ready order,
+one request at a time, and see every earlier admission of the same round."""
+
+from __future__ import annotations
+
+import random as _random
+from abc import abstractmethod
+
+from shadow.policies.base import Policy
+from shadow.policies.snapshot import Admission, FleetSnapshot, ReadyPool
+
+
+class SlotFillingPolicy(Policy):
+    """A baseline that fills free slots from the head of the pool, one request at a time."""
+
+    def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:
+        free = snapshot.free_slots.tolist()
+        count = snapshot.active_count.tolist()
+        load = snapshot.load.tolist()
+        prompts = pool.prompt_tokens.tolist()
+        admissions: list[Admission] = []
+        for i in range(min(len(pool), sum(free))):
+            g = self.choose(free, count, load, prompts[i])
+            free[g] -= 1
+            count[g] += 1
+            load[g] += prompts[i]
+            admissions.append(Admission(pool.request_ids[i], snapshot.worker_ids[g]))
+        return admissions
+
+    @abstractmethod
+    def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
+        """Index of the worker for the next request; at least one worker has a free slot."""
+
+
+class RandomPolicy(SlotFillingPolicy):
+    """Uniform among workers with a free slot."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = _random.Random(seed)
+
+    def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
+        return self._rng.choice([g for g, slots in enumerate(free) if slots > 0])
+
+
+class RoundRobinPolicy(SlotFillingPolicy):
+    """Round robin over workers with a free slot; the cursor persists across rounds."""
+
+    name = "rr"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._cursor = 0
+
+    def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
+        workers = len(free)
+        for step in range(workers):
+            g = (self._cursor + step) % workers
+            if free[g] > 0:
+                self._cursor = (g + 1) % workers
+                return g
+        raise AssertionError("choose called with no free slot")
+
+
+class JoinShortestQueuePolicy(SlotFillingPolicy):
+    """Fewest active requests, ties to the lowest index: the incumbent in the field."""
+
+    name = "jsq"
+
+    def __init__(self, seed: int = 0) -> None:
+        pass
+
+    def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
+        return min((c, g) for g, c in enumerate(count) if free[g] > 0)[1]
+
+
+class PowerOfTwoPolicy(SlotFillingPolicy):
+    """Two random workers with a free slot; the one with fewer active requests."""
+
+    name = "p2c"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = _random.Random(seed)
+
+    def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
+        open_workers = [g for g, slots in enumerate(free) if slots > 0]
+        if len(open_workers) == 1:
+            return open_workers[0]
+        a, b = self._rng.sample(open_workers, 2)
+        return min((count[a], a), (count[b], b))[1]
+
+
+class LeastTokenLoadPolicy(SlotFillingPolicy):
+    """Lowest KV load `L_g`, ties to the lowest index."""
+
+    name = "ltl"
+
+    def __init__(self, seed: int = 0) -> None:
+        pass
+
+    def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
+        return min((tokens, g) for g, tokens in enumerate(load) if free[g] > 0)[1]
+
+
+class VllmDpLoadBalancerPolicy(Policy):
+    """vLLM's data-parallel balancer: every request goes, on arrival, to the rank with the
+    lowest `4 * waiting + running` (ties: lowest index), which queues what it cannot start.
+    A dispatched request counts as waiting on its rank for the rest of the round."""
+
+    name = "vllm-dplb"
+    dispatches_on_arrival = True
+
+    def __init__(self, seed: int = 0) -> None:
+        pass
+
+    def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:
+        waiting = snapshot.waiting.tolist()
+        running = snapshot.active_count.tolist()
+        admissions = []
+        for request_id in pool.request_ids:
+            scores = [4 * w + r for w, r in zip(waiting, running, strict=True)]
+            g = scores.index(min(scores))
+            waiting[g] += 1
+            admissions.append(Admission(request_id, snapshot.worker_ids[g]))
+        return admissions
+
+
+BASELINES: tuple[type[Policy], ...] = (
+    RandomPolicy,
+    RoundRobinPolicy,
+    JoinShortestQueuePolicy,
+    PowerOfTwoPolicy,
+    LeastTokenLoadPolicy,
+    VllmDpLoadBalancerPolicy,
+)

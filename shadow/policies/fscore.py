@@ -1,0 +1,101 @@
+"""Gap and F-score arithmetic of BalanceRoute (BALANCEROUTE.md), public so that the
+decision audit can score any choice, not only the policy's own.
+
+`F` is what admitting `D` prompt tokens to one worker does to the barrier gap `I(k)`:
+BR-0 scores the current step exactly, BR-H a discounted horizon of projected steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def gap(loads: np.ndarray) -> float:
+    """`I(k) = G * max_g L_g - sum_g L_g`: tokens needed to lift every worker to the highest."""
+    loads = np.asarray(loads)
+    return float(loads.shape[0] * loads.max() - loads.sum())
+
+
+def imbalance(loads: np.ndarray) -> float:
+    """`max_g L_g - min_g L_g`."""
+    loads = np.asarray(loads)
+    return float(loads.max() - loads.min())
+
+
+def safe_margins(loads: np.ndarray) -> np.ndarray:
+    """`m_g = max L - L_g`: tokens worker `g` can take before it raises the barrier."""
+    loads = np.asarray(loads)
+    return loads.max() - loads
+
+
+def f_score_br0(added: float, margin: float, workers: int) -> float:
+    """BR-0: `F = D - G * max(0, D - m_g)`, exactly the reduction of the gap."""
+    return added - workers * max(0.0, added - margin)
+
+
+def gap_reduction(loads: np.ndarray, worker: int, added: float) -> float:
+    """Gap before minus gap after adding `added` tokens to `worker` (the ground truth F models)."""
+    after = np.array(loads, dtype=np.float64)
+    after[worker] += added
+    return gap(loads) - gap(after)
+
+
+def discounts(horizon: int, gamma: float) -> np.ndarray:
+    """`d_h = gamma**h` for `h = 0..H`."""
+    return gamma ** np.arange(horizon + 1, dtype=np.float64)
+
+
+def f_score_brh(
+    added: float, margins: np.ndarray, discount: np.ndarray, alpha: float, beta: float
+) -> float:
+    """BR-H: `alpha * sum(d) * D - beta * sum_h d_h * max(0, D - m_{g,h})` (direct, O(H))."""
+    margins = np.asarray(margins, dtype=np.float64)
+    penalty = np.maximum(0.0, added - margins)
+    return float(alpha * discount.sum() * added - beta * (discount * penalty).sum())
+
+
+class PiecewiseObjective:
+    """`F_g(D)` of one worker, prepared for many evaluations within one admission round.
+
+    `F` is concave and piecewise linear in `D` with kinks at the margins. Sorting the
+    margins once and keeping prefix sums of the discounts (and of discount x margin)
+    makes one evaluation a binary search, and the unconstrained maximiser `D*` is the
+    first kink after which the slope is no longer positive.
+    """
+
+    __slots__ = ("_beta", "_gain", "_kinks", "_prefix_d", "_prefix_dm")
+
+    def __init__(self, margins: np.ndarray, discount: np.ndarray, alpha: float, beta: float):
+        margins = np.asarray(margins, dtype=np.float64)
+        order = np.argsort(margins, kind="stable")
+        kinks = margins[order]
+        weights = discount[order]
+        self._kinks = kinks
+        self._prefix_d = np.concatenate(([0.0], np.cumsum(weights)))
+        self._prefix_dm = np.concatenate(([0.0], np.cumsum(weights * kinks)))
+        self._gain = alpha * float(self._prefix_d[-1])
+        self._beta = float(beta)
+
+    @classmethod
+    def br0(cls, margin: float, workers: int) -> PiecewiseObjective:
+        """BR-0's objective: one kink at the margin, slope 1 before it and `1 - G` after."""
+        return cls(np.array([margin], dtype=np.float64), np.ones(1), 1.0, float(workers))
+
+    def value(self, added: float) -> float:
+        k = int(np.searchsorted(self._kinks, added, side="left"))
+        return self._gain * added - self._beta * (
+            added * float(self._prefix_d[k]) - float(self._prefix_dm[k])
+        )
+
+    def values(self, added: np.ndarray) -> np.ndarray:
+        added = np.asarray(added, dtype=np.float64)
+        k = np.searchsorted(self._kinks, added, side="left")
+        return self._gain * added - self._beta * (added * self._prefix_d[k] - self._prefix_dm[k])
+
+    def peak(self) -> float:
+        """The unconstrained maximiser `D*` (`inf` when `F` never stops rising)."""
+        slopes_after = self._gain - self._beta * self._prefix_d[1:]
+        stop = np.flatnonzero(slopes_after <= 0.0)
+        return float(self._kinks[stop[0]]) if stop.size else math.inf

@@ -1,0 +1,239 @@
+"""The plain data a routing policy sees and returns.
+
+A snapshot is columnar (numpy arrays, one row per active request) because every
+consumer that runs often (the replay engine, the mirror, the audit) already holds its
+state that way, and BR-H projects thousands of active requests per round. Object views
+(`WorkerView`, `ActiveRequest`, `ReadyRequest`) exist for callers that build snapshots by
+hand, such as tests and the HTTP API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+#: Stands for "no prompt key" in the int64 key columns.
+NO_KEY = np.iinfo(np.int64).min
+
+
+def prompt_key_id(key: Hashable | None) -> int:
+    """Map a prompt key (hash string, template name, int) to a stable int64.
+
+    Stable across processes (unlike `hash()`), so a key recorded today matches the same
+    key replayed tomorrow.
+    """
+    if key is None:
+        return int(NO_KEY)
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        value = int(key)
+        if value == NO_KEY or not (-(2**63) <= value < 2**63):
+            raise ValueError(f"prompt_key {value} is out of the int64 range or reserved")
+        return value
+    digest = hashlib.blake2b(str(key).encode(), digest_size=8).digest()
+    value = int.from_bytes(digest, "little", signed=True)
+    return value if value != NO_KEY else value + 1
+
+
+class Admission(NamedTuple):
+    """One routing decision: send `request_id` to `worker`."""
+
+    request_id: Hashable
+    worker: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRequest:
+    """A request decoding on a worker; `output_tokens` (its true final length) replay only."""
+
+    request_id: Hashable
+    prompt_tokens: int
+    generated: int
+    prompt_key: Hashable | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyRequest:
+    """A request whose prefill has finished, waiting in the pool for a decode worker."""
+
+    request_id: Hashable
+    prompt_tokens: int
+    prompt_key: Hashable | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One decode worker as a router sees it."""
+
+    worker: Hashable
+    capacity: int
+    active: Sequence[ActiveRequest] = ()
+    waiting: int = 0
+
+
+def _int_column(name: str, values: object, length: int | None = None) -> np.ndarray:
+    array = np.asarray(values, dtype=np.int64)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
+    if length is not None and array.shape[0] != length:
+        raise ValueError(f"{name} has {array.shape[0]} rows, expected {length}")
+    return array
+
+
+@dataclass(frozen=True)
+class ActiveSet:
+    """Every active request of a fleet, one row each; `worker` indexes the snapshot's workers."""
+
+    worker: np.ndarray
+    prompt_tokens: np.ndarray
+    generated: np.ndarray
+    prompt_keys: np.ndarray
+    remaining: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.worker.shape[0])
+
+    @classmethod
+    def from_arrays(
+        cls,
+        worker: object,
+        prompt_tokens: object,
+        generated: object,
+        prompt_keys: object | None = None,
+        remaining: object | None = None,
+    ) -> ActiveSet:
+        worker_col = _int_column("worker", worker)
+        n = worker_col.shape[0]
+        prompt_col = _int_column("prompt_tokens", prompt_tokens, n)
+        generated_col = _int_column("generated", generated, n)
+        if n and (prompt_col.min() < 0 or generated_col.min() < 0):
+            raise ValueError("prompt_tokens and generated must be >= 0")
+        keys = (
+            np.full(n, NO_KEY, dtype=np.int64)
+            if prompt_keys is None
+            else _int_column("prompt_keys", prompt_keys, n)
+        )
+        remaining_col = None
+        if remaining is not None:
+            remaining_col = _int_column("remaining", remaining, n)
+            if n and remaining_col.min() < 1:
+                raise ValueError("remaining must be >= 1 for an active request")
+        return cls(worker_col, prompt_col, generated_col, keys, remaining_col)
+
+    @classmethod
+    def empty(cls) -> ActiveSet:
+        return cls.from_arrays([], [], [])
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """Per-worker capacity, active count, KV load `L_g`, and the active set behind them."""
+
+    worker_ids: Sequence[Hashable]
+    capacity: np.ndarray
+    active_count: np.ndarray
+    load: np.ndarray
+    active: ActiveSet
+    waiting: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def workers(self) -> int:
+        return len(self.worker_ids)
+
+    @property
+    def free_slots(self) -> np.ndarray:
+        return np.maximum(self.capacity - self.active_count, 0)
+
+    @classmethod
+    def from_active(
+        cls,
+        capacity: object,
+        active: ActiveSet,
+        worker_ids: Sequence[Hashable] | None = None,
+        waiting: object | None = None,
+    ) -> FleetSnapshot:
+        """Build a snapshot from the active set; counts and loads are derived, never passed in."""
+        capacity_col = _int_column("capacity", capacity)
+        workers = capacity_col.shape[0]
+        if workers == 0:
+            raise ValueError("a fleet needs at least one worker")
+        if capacity_col.min() < 0:
+            raise ValueError("capacity must be >= 0")
+        if len(active) and (active.worker.min() < 0 or active.worker.max() >= workers):
+            raise ValueError(f"active worker index out of range 0..{workers - 1}")
+        ids = tuple(range(workers)) if worker_ids is None else tuple(worker_ids)
+        if len(ids) != workers:
+            raise ValueError(f"worker_ids has {len(ids)} entries, capacity has {workers}")
+        count = np.bincount(active.worker, minlength=workers).astype(np.int64)
+        load = np.bincount(
+            active.worker, weights=active.prompt_tokens + active.generated, minlength=workers
+        ).astype(np.int64)
+        waiting_col = (
+            np.zeros(workers, dtype=np.int64)
+            if waiting is None
+            else _int_column("waiting", waiting, workers)
+        )
+        return cls(ids, capacity_col, count, load, active, waiting_col)
+
+    @classmethod
+    def from_workers(cls, workers: Sequence[WorkerView]) -> FleetSnapshot:
+        """Build a snapshot from object views (tests, API payloads)."""
+        rows = [(g, r) for g, view in enumerate(workers) for r in view.active]
+        remaining = None
+        if rows and all(r.output_tokens is not None for _, r in rows):
+            remaining = [r.output_tokens - r.generated for _, r in rows]  # type: ignore[operator]
+        active = ActiveSet.from_arrays(
+            [g for g, _ in rows],
+            [r.prompt_tokens for _, r in rows],
+            [r.generated for _, r in rows],
+            [prompt_key_id(r.prompt_key) for _, r in rows],
+            remaining,
+        )
+        return cls.from_active(
+            [view.capacity for view in workers],
+            active,
+            worker_ids=[view.worker for view in workers],
+            waiting=[view.waiting for view in workers],
+        )
+
+
+@dataclass(frozen=True)
+class ReadyPool:
+    """The prompt pool in ready order (oldest first)."""
+
+    request_ids: Sequence[Hashable]
+    prompt_tokens: np.ndarray
+    prompt_keys: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        request_ids: Sequence[Hashable],
+        prompt_tokens: object,
+        prompt_keys: object | None = None,
+    ) -> ReadyPool:
+        n = len(request_ids)
+        prompt_col = _int_column("prompt_tokens", prompt_tokens, n)
+        if n and prompt_col.min() < 0:
+            raise ValueError("prompt_tokens must be >= 0")
+        keys = (
+            np.full(n, NO_KEY, dtype=np.int64)
+            if prompt_keys is None
+            else _int_column("prompt_keys", prompt_keys, n)
+        )
+        return cls(request_ids, prompt_col, keys)
+
+    @classmethod
+    def from_requests(cls, requests: Sequence[ReadyRequest]) -> ReadyPool:
+        return cls.from_arrays(
+            [r.request_id for r in requests],
+            [r.prompt_tokens for r in requests],
+            [prompt_key_id(r.prompt_key) for r in requests],
+        )

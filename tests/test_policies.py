@@ -1,0 +1,182 @@
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shadow.policies import (
+    POLICY_NAMES,
+    ActiveRequest,
+    ActiveSet,
+    BalanceRouteConfig,
+    BalanceRouteHorizon,
+    BalanceRouteZero,
+    FleetSnapshot,
+    ReadyPool,
+    ReadyRequest,
+    WorkerView,
+    make_policy,
+    project_loads,
+)
+from shadow.predict import ExactMatchPredictor, OraclePredictor, SurvivalPredictor
+from tests.strategies import pools, snapshots, trained
+
+SLOT_POLICIES = [name for name in POLICY_NAMES if name != "vllm-dplb"]
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def build(name: str, seed: int = 0):
+    policy = make_policy(name, seed=seed)
+    if name.startswith("brh-"):
+        trained(policy.predictor, seed)
+    return policy
+
+
+@PROPERTY
+@given(snapshots(), pools(), st.sampled_from(SLOT_POLICIES), st.integers(0, 3))
+def test_no_policy_overfills_a_worker_or_admits_twice(snapshot, pool, name, seed):
+    admissions = build(name, seed).admit(snapshot, pool)
+    ids = [a.request_id for a in admissions]
+    assert len(ids) == len(set(ids))
+    assert set(ids) <= set(pool.request_ids)
+    per_worker = Counter(a.worker for a in admissions)
+    for g, worker in enumerate(snapshot.worker_ids):
+        assert per_worker[worker] <= snapshot.free_slots[g]
+
+
+@PROPERTY
+@given(snapshots(), pools(), st.sampled_from(SLOT_POLICIES), st.integers(0, 3))
+def test_every_policy_is_work_conserving(snapshot, pool, name, seed):
+    admissions = build(name, seed).admit(snapshot, pool)
+    assert len(admissions) == min(len(pool), int(snapshot.free_slots.sum()))
+    if len(pool) and snapshot.free_slots.sum():
+        assert admissions
+
+
+@PROPERTY
+@given(snapshots(), pools(), st.sampled_from(["survival", "exactmatch", "oracle"]))
+def test_brh_with_zero_horizon_admits_exactly_what_br0_admits(snapshot, pool, predictor_name):
+    predictor = {
+        "survival": SurvivalPredictor,
+        "exactmatch": ExactMatchPredictor,
+        "oracle": OraclePredictor,
+    }[predictor_name]()
+    trained(predictor)
+    # alpha and beta are overridden with (1, G) whenever H = 0, whatever they say here.
+    config = BalanceRouteConfig(horizon=0, alpha=3.0, beta=5.0, gamma=0.5)
+    brh = BalanceRouteHorizon(predictor, config).admit(snapshot, pool)
+    br0 = BalanceRouteZero().admit(snapshot, pool)
+    assert brh == br0
+
+
+@PROPERTY
+@given(snapshots(), pools(max_size=30), st.sampled_from(["br0", "brh-survival"]))
+def test_rmax_sixteen_still_admits_correctly(snapshot, pool, name):
+    policy = make_policy(name, config=BalanceRouteConfig(r_max=16, s_greedy=3))
+    if name != "br0":
+        trained(policy.predictor)
+    admissions = policy.admit(snapshot, pool)
+    assert len(admissions) == min(len(pool), int(snapshot.free_slots.sum()))
+
+
+@pytest.mark.parametrize("name", ["br0", "brh-survival", "brh-oracle"])
+def test_starvation_guard_admits_a_prompt_larger_than_every_margin(name):
+    workers = [
+        WorkerView(g, 2, [ActiveRequest(f"a{g}", 1000 + 10 * g, 0, output_tokens=500)])
+        for g in range(4)
+    ]
+    snapshot = FleetSnapshot.from_workers(workers)
+    pool = ReadyPool.from_requests([ReadyRequest("huge", 10_000_000)])
+    policy = build(name)
+    admissions = policy.admit(snapshot, pool)
+    assert [a.request_id for a in admissions] == ["huge"]
+
+
+def test_br0_fills_the_hole_exactly():
+    """Loads 1000/0: small + exact (10 + 990) fill worker 1's hole exactly, F = 1000; the
+    big prompt then goes to worker 0, which has more free slots at equal margins."""
+    snapshot = FleetSnapshot.from_workers(
+        [WorkerView(0, 4, [ActiveRequest("a", 1000, 0)]), WorkerView(1, 4, [])]
+    )
+    pool = ReadyPool.from_requests(
+        [ReadyRequest("small", 10), ReadyRequest("exact", 990), ReadyRequest("big", 3000)]
+    )
+    admissions = BalanceRouteZero(BalanceRouteConfig(s_greedy=100)).admit(snapshot, pool)
+    assert admissions == [("small", 1), ("exact", 1), ("big", 0)]
+
+
+def test_jsq_picks_fewest_active_and_breaks_ties_low():
+    snapshot = FleetSnapshot.from_workers(
+        [
+            WorkerView("w0", 4, [ActiveRequest("a", 1, 0), ActiveRequest("b", 1, 0)]),
+            WorkerView("w1", 4, [ActiveRequest("c", 1, 0)]),
+            WorkerView("w2", 4, [ActiveRequest("d", 1, 0)]),
+        ]
+    )
+    pool = ReadyPool.from_requests([ReadyRequest(i, 5) for i in "xyz"])
+    assert [a.worker for a in make_policy("jsq").admit(snapshot, pool)] == ["w1", "w2", "w0"]
+
+
+def test_ltl_and_rr_by_hand():
+    snapshot = FleetSnapshot.from_workers(
+        [WorkerView(0, 2, [ActiveRequest("a", 900, 0)]), WorkerView(1, 2, []), WorkerView(2, 1, [])]
+    )
+    pool = ReadyPool.from_requests([ReadyRequest("x", 500), ReadyRequest("y", 100)])
+    assert [a.worker for a in make_policy("ltl").admit(snapshot, pool)] == [1, 2]
+    rr = make_policy("rr")
+    assert [a.worker for a in rr.admit(snapshot, pool)] == [0, 1]
+    assert [a.worker for a in rr.admit(snapshot, pool)] == [2, 0]  # the cursor persists
+
+
+def test_vllm_dplb_scores_four_waiting_plus_running():
+    snapshot = FleetSnapshot.from_active(
+        [4, 4], ActiveSet.from_arrays([0, 0, 0], [1, 1, 1], [0, 0, 0]), waiting=[0, 1]
+    )
+    # rank 0: 4*0 + 3 = 3; rank 1: 4*1 + 0 = 4 -> rank 0, then 7 vs 4 -> rank 1, then 7 vs 8.
+    pool = ReadyPool.from_arrays(["x", "y", "z"], [1, 1, 1])
+    assert [a.worker for a in make_policy("vllm-dplb").admit(snapshot, pool)] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_same_seed_same_decisions(name):
+    rng = np.random.default_rng(7)
+    snapshot = FleetSnapshot.from_active(
+        [8] * 6,
+        ActiveSet.from_arrays(
+            rng.integers(0, 6, 30),
+            rng.integers(1, 5000, 30),
+            rng.integers(0, 100, 30),
+            remaining=rng.integers(1, 100, 30),
+        ),
+    )
+    pool = ReadyPool.from_arrays(list(range(40)), rng.integers(1, 5000, 40))
+    first = [build(name, seed=3).admit(snapshot, pool) for _ in range(2)]
+    assert first[0] == first[1]
+
+
+def test_projection_with_the_oracle_is_the_exact_future_load():
+    active = ActiveSet.from_arrays(
+        worker=[0, 0, 1], prompt_tokens=[100, 200, 50], generated=[5, 0, 10], remaining=[2, 5, 1]
+    )
+    snapshot = FleetSnapshot.from_active([4, 4], active)
+    horizon = 4
+    contribution = OraclePredictor().predict(active, horizon).contribution
+    projection = project_loads(snapshot.load, active, contribution, horizon)
+    expected = np.zeros((2, horizon + 1))
+    for g, s, a, r in zip(
+        active.worker, active.prompt_tokens, active.generated, active.remaining, strict=True
+    ):
+        for h in range(horizon + 1):
+            if h < r:
+                expected[g, h] += s + a + h
+    assert projection.tolist() == expected.tolist()
+
+
+def test_bad_config_is_rejected_with_the_field_named():
+    with pytest.raises(ValueError, match="gamma"):
+        BalanceRouteConfig(gamma=0)
+    with pytest.raises(ValueError, match="r_max"):
+        BalanceRouteConfig(r_max=0)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("nope")
