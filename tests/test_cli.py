@@ -35,3 +35,155 @@ def test_bench_router_names_an_unknown_policy():
     result = runner.invoke(app, ["bench", "router", "--policies", "br0,nope"])
     assert result.exit_code == 2
     assert "nope" in result.output
+
+
+REPORT_FIELDS = {
+    "imbalance_mean",
+    "gap_mean",
+    "idle_frac",
+    "throughput_tok_s",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "tpot_p99_ms",
+    "pool_wait_p95_ms",
+    "sched_ms_p50",
+    "sched_ms_p99",
+    "steps",
+    "makespan_s",
+    "output_tokens",
+}
+
+
+def replay_args(tmp_path, name, *extra):
+    return [
+        "replay",
+        "synthetic:small",
+        "--workers",
+        "4",
+        "--batch",
+        "8",
+        "--no-db",
+        "--json",
+        str(tmp_path / name),
+        *extra,
+    ]
+
+
+def test_replay_json_has_the_documented_schema(tmp_path):
+    result = runner.invoke(
+        app,
+        replay_args(
+            tmp_path,
+            "a.json",
+            "--policies",
+            "jsq,br0,brh-oracle",
+            "--step-a",
+            "0.0002",
+            "--step-b",
+            "10",
+            "--timing",
+        ),
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["schema"] == 1
+    assert report["workers"] == 4 and report["batch"] == 8 and report["requests"] == 200
+    assert report["step_model"] == {"a_ms_per_token": 0.0002, "b_ms": 10.0}
+    assert report["trace"].startswith("synthetic:small")
+    assert list(report["policies"]) == ["jsq", "br0", "brh-oracle"]
+    for metrics in report["policies"].values():
+        assert set(metrics) == REPORT_FIELDS
+        assert metrics["sched_ms_p50"] is not None  # measured with --timing
+        assert metrics["output_tokens"] > 0 and metrics["steps"] > 0
+
+
+def test_same_seed_gives_byte_identical_json(tmp_path):
+    for name in ("a.json", "b.json"):
+        result = runner.invoke(
+            app, replay_args(tmp_path, name, "--policies", "random,p2c,brh-survival", "--seed", "3")
+        )
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    other = runner.invoke(
+        app, replay_args(tmp_path, "c.json", "--policies", "random,p2c,brh-survival", "--seed", "4")
+    )
+    assert other.exit_code == 0
+    assert (tmp_path / "a.json").read_bytes() != (tmp_path / "c.json").read_bytes()
+
+
+def test_replay_emits_the_first_policys_event_stream(tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    result = runner.invoke(
+        app,
+        replay_args(
+            tmp_path,
+            "a.json",
+            "--policies",
+            "jsq,br0",
+            "--emit-events",
+            str(events_file),
+            "--progress-every",
+            "32",
+        ),
+    )
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert {e["type"] for e in events} == {
+        "worker",
+        "ready",
+        "dispatch",
+        "progress",
+        "finish",
+        "engine_step",
+    }
+    assert {e["policy"] for e in events if e["type"] == "dispatch"} == {"jsq"}
+    assert sum(e["type"] == "finish" for e in events) == 200
+
+
+def test_replay_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("ready_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,abc,5\n")
+    result = runner.invoke(app, ["replay", str(bad), "--no-db"])
+    assert result.exit_code == 1
+    assert "line 3" in result.output and "prompt_tokens" in result.output
+    skipped = runner.invoke(app, ["replay", str(bad), "--no-db", "--skip-bad", "--policies", "jsq"])
+    assert skipped.exit_code == 0, skipped.output
+    assert "skipped 1 malformed" in skipped.output
+    unknown = runner.invoke(app, ["replay", "synthetic:nope", "--no-db"])
+    assert unknown.exit_code == 2 and "paper-azure2024" in unknown.output
+    both = runner.invoke(app, ["replay", "synthetic:small", "--load", "1", "--rate-scale", "2"])
+    assert both.exit_code == 2
+
+
+def test_replay_stores_the_run_in_duckdb_and_db_upgrade_is_idempotent(tmp_path):
+    from shadow.storage import open_database
+
+    db = tmp_path / "runs" / "shadow.duckdb"
+    result = runner.invoke(
+        app,
+        [
+            "replay",
+            "synthetic:small",
+            "--workers",
+            "4",
+            "--batch",
+            "8",
+            "--policies",
+            "jsq,br0",
+            "--db",
+            str(db),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "stored as run" in result.output
+    with open_database(db) as database:
+        runs = database.list_runs()
+        assert len(runs) == 1 and runs[0]["workers"] == 4
+        summaries = database.run_summaries(runs[0]["id"])
+        assert set(summaries) == {"jsq", "br0"}
+        series = database.step_series(runs[0]["id"], "br0")
+        assert len(series["start_ms"]) == summaries["br0"]["steps"]
+        loads, active = database.worker_series(runs[0]["id"], "br0")
+        assert loads.shape == (summaries["br0"]["steps"], 4) and (active <= 8).all()
+    upgraded = runner.invoke(app, ["db", "upgrade", "--db", str(db)])
+    assert upgraded.exit_code == 0 and "0001" in upgraded.output
