@@ -47,6 +47,8 @@ def gain_row(name: str) -> str:
 def main() -> None:
     for name in sorted(p.stem for p in RESULTS.glob("*.json")):
         report = load(name)
+        if "schema" not in report:  # benchmark output, not a replay report
+            continue
         print(f"### {name}\n\n`{report['trace']}`, {report['requests']:,} requests, "
               f"G = {report['workers']}, B = {report['batch']}\n")
         print(policy_table(name) + "\n")

@@ -151,3 +151,18 @@ def test_same_seed_same_result_and_different_seed_differs():
     assert np.array_equal(runs[0].worker_load, runs[1].worker_load)
     assert np.array_equal(runs[0].worker, runs[1].worker)
     assert not np.array_equal(runs[0].worker, runs[2].worker)
+
+
+def test_default_step_model_is_about_60_ms_at_full_batch_on_the_paper_preset():
+    """The paper's decode step is ~60 ms; the default model's fixed part is a third."""
+    from ingest.synthetic import generate
+    from ingest.traces import retime
+
+    model = StepModel()
+    workload = retime(generate("paper-azure2024"), load=1.1, workers=8, batch=64, step_model=model)
+    result = replay(workload, make_policy("jsq"), workers=8, batch=64, step_model=model)
+    full = (result.worker_active == 64).all(axis=1)
+    assert full.sum() > 1000
+    mean_full_ms = result.step_duration_ms[full].mean()
+    assert 54.0 <= mean_full_ms <= 66.0, mean_full_ms
+    assert model.b_ms / 60.0 == pytest.approx(1 / 3)

@@ -96,6 +96,8 @@ class PiecewiseObjective:
 
     def peak(self) -> float:
         """The unconstrained maximiser `D*` (`inf` when `F` never stops rising)."""
-        slopes_after = self._gain - self._beta * self._prefix_d[1:]
-        stop = np.flatnonzero(slopes_after <= 0.0)
-        return float(self._kinks[stop[0]]) if stop.size else math.inf
+        # The slope after kink k is gain - beta * prefix_d[k + 1]; prefix_d only grows.
+        if self._beta <= 0.0:
+            return math.inf
+        k = int(np.searchsorted(self._prefix_d[1:], self._gain / self._beta, side="left"))
+        return float(self._kinks[k]) if k < self._kinks.shape[0] else math.inf

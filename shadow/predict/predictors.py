@@ -47,26 +47,60 @@ class Predictor(ABC):
 
 
 class SurvivalPredictor(Predictor):
-    """Empirical survival of output lengths: `c = sum_{h=0..H} P(O > a + h | O > a)`."""
+    """Empirical survival of output lengths: `c = sum_{h=0..H} P(O > a + h | O > a)`.
+
+    With one distribution for every request, two arrays over lengths answer every age:
+    the survivor counts `N(x)` and their prefix sums, rebuilt (two cumulative sums) only
+    when new completions arrived; a prediction is then a few lookups per request.
+    """
 
     name = "survival"
 
     def __init__(self) -> None:
-        self._history = LengthHistory()
+        self._counts = np.zeros(1, dtype=np.int64)
+        self._table_cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return len(self._history)
+        return int(self._counts.sum())
 
     def observe_many(
         self, output_tokens: np.ndarray, prompt_keys: np.ndarray | None = None
     ) -> None:
         lengths = np.asarray(output_tokens, dtype=np.int64)
-        self._history.add(np.zeros(lengths.shape[0], dtype=np.int64), lengths)
+        if not lengths.size:
+            return
+        if lengths.min() < 1:
+            raise ValueError("output lengths must be >= 1")
+        longest = int(lengths.max())
+        if longest >= self._counts.shape[0]:
+            self._counts = np.concatenate(
+                (self._counts, np.zeros(longest + 1 - self._counts.shape[0], dtype=np.int64))
+            )
+        np.add.at(self._counts, lengths, 1)
+        self._table_cache = None
+
+    def _table(self) -> tuple[np.ndarray, np.ndarray]:
+        """`N(x) = #(O > x)` for `x = 0..longest` (zero beyond) and its prefix sums."""
+        if self._table_cache is None:
+            survivors = self._counts.sum() - np.cumsum(self._counts)
+            running = np.empty(survivors.shape[0] + 1, dtype=np.float64)
+            running[0] = 0.0
+            np.cumsum(survivors, out=running[1:])
+            self._table_cache = (survivors, running)
+        return self._table_cache
 
     def predict(self, active: ActiveSet, horizon: int) -> Prediction:
-        contribution, finish, _ = self._history.conditional(
-            np.zeros(len(active), dtype=np.int64), active.generated, horizon
-        )
+        survivors, running = self._table()
+        last = survivors.shape[0] - 1
+        ages = np.minimum(active.generated, last + 1)
+        alive = np.append(survivors, 0)[ages].astype(np.float64)
+        # sum_{h=0..H} N(a + h): prefix sums, with N = 0 past the longest output.
+        upto = np.minimum(ages + horizon + 1, last + 1)
+        total = running[upto] - running[np.minimum(ages, last + 1)]
+        at_horizon = np.append(survivors, 0)[np.minimum(ages + horizon, last + 1)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            contribution = np.where(alive > 0, total / alive, horizon + 1.0)
+            finish = np.where(alive > 0, 1.0 - at_horizon / alive, 0.0)
         return Prediction(contribution, finish)
 
 
