@@ -49,11 +49,15 @@ def main() -> None:
         report = load(name)
         if "schema" not in report:  # benchmark output, not a replay report
             continue
-        print(f"### {name}\n\n`{report['trace']}`, {report['requests']:,} requests, "
-              f"G = {report['workers']}, B = {report['batch']}\n")
+        print(
+            f"### {name}\n\n`{report['trace']}`, {report['requests']:,} requests, "
+            f"G = {report['workers']}, B = {report['batch']}\n"
+        )
         print(policy_table(name) + "\n")
-    print("### scaling\n\n| G | best baseline | its tok/s | BR-0 gain | BR-H oracle gain "
-          "| BR-0 imbalance vs JSQ |\n| ---: | --- | ---: | ---: | ---: | ---: |")
+    print(
+        "### scaling\n\n| G | best baseline | its tok/s | BR-0 gain | BR-H oracle gain "
+        "| BR-0 imbalance vs JSQ |\n| ---: | --- | ---: | ---: | ---: | ---: |"
+    )
     for g in (4, 8, 16):
         print(gain_row(f"paper-g{g}-load1.0"))
 
