@@ -11,6 +11,7 @@ from shadow.policies.balanceroute import (
     BalanceRouteConfig,
     BalanceRouteHorizon,
     BalanceRouteZero,
+    horizon_scores,
     project_loads,
     two_stage_admission,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "ReadyPool",
     "ReadyRequest",
     "WorkerView",
+    "horizon_scores",
     "make_policy",
     "project_loads",
     "prompt_key_id",

@@ -98,6 +98,18 @@ def project_loads(
     return alive_tokens + offsets * alive_count
 
 
+def horizon_scores(projection: np.ndarray, config: BalanceRouteConfig, added: float) -> np.ndarray:
+    """`F_g({request})` in BR-H form for every worker, from a projection (see
+    `BalanceRouteHorizon.project`): the decision audit's yardstick."""
+    horizon = config.horizon
+    workers = projection.shape[0]
+    margins = projection.max(axis=0)[None, :] - projection
+    alpha, beta = config.coefficients(workers)
+    discount = discounts(horizon, config.gamma)
+    penalty = (np.maximum(0.0, added - margins) * discount).sum(axis=1)
+    return alpha * discount.sum() * added - beta * penalty
+
+
 class _ProjectedLoads:
     """BR-H's load picture: the projection, its envelope and discounted margins."""
 
@@ -216,12 +228,20 @@ class BalanceRouteHorizon(Policy):
         self.config = config or BalanceRouteConfig()
         self.predictor = predictor
 
-    def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:
+    def project(self, snapshot: FleetSnapshot) -> np.ndarray:
+        """The projected loads `Lhat[g, h]` this policy would route against."""
+        horizon = self.config.horizon
+        contribution = self.predictor.predict(snapshot.active, horizon).contribution
+        return project_loads(snapshot.load, snapshot.active, contribution, horizon)
+
+    def admit(
+        self, snapshot: FleetSnapshot, pool: ReadyPool, projection: np.ndarray | None = None
+    ) -> list[Admission]:
+        """One round; pass `projection` to reuse one already made for this snapshot."""
         if not len(pool):
             return []
         horizon = self.config.horizon
-        contribution = self.predictor.predict(snapshot.active, horizon).contribution
-        projection = project_loads(snapshot.load, snapshot.active, contribution, horizon)
+        projection = self.project(snapshot) if projection is None else projection.copy()
         alpha, beta = self.config.coefficients(snapshot.workers)
         picture = _ProjectedLoads(
             snapshot.load, projection, discounts(horizon, self.config.gamma), alpha, beta

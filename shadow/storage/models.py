@@ -10,6 +10,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Double,
     ForeignKey,
@@ -155,3 +156,164 @@ class ReplayWorkerLoad(Base):
     active: Mapped[int] = mapped_column(Integer, nullable=False)
 
     __mapper_args__ = {"primary_key": [run_id, policy, step, worker]}  # noqa: RUF012
+
+
+# -- the shadow service (migration 0002) --------------------------------------------
+
+
+class EventRow(Base):
+    """Every acknowledged lifecycle event (`worker`, `ready`, `dispatch`, `finish`)."""
+
+    __tablename__ = "events"
+
+    ingest_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    source: Mapped[str] = mapped_column(Text, nullable=False)
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    type: Mapped[str] = mapped_column(Text, nullable=False)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    request_id: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    prompt_hash: Mapped[str | None] = mapped_column(Text)
+    max_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    policy: Mapped[str | None] = mapped_column(Text)
+    router_view: Mapped[str | None] = mapped_column(Text)
+    output_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    reason: Mapped[str | None] = mapped_column(Text)
+    capacity: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str | None] = mapped_column(Text)
+
+    __mapper_args__ = {"primary_key": [ingest_id]}  # noqa: RUF012
+
+
+class ProgressLatest(Base):
+    """The latest cumulative progress per request (the high-rate stream, compacted)."""
+
+    __tablename__ = "progress_latest"
+
+    fleet: Mapped[str] = mapped_column(Text, primary_key=True)
+    request_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    generated: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    ingest_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class EngineStepRow(Base):
+    """One decode step of one worker (`engine_step`), the per-step per-worker aggregate."""
+
+    __tablename__ = "engine_steps"
+
+    ingest_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    source: Mapped[str] = mapped_column(Text, nullable=False)
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    worker: Mapped[str] = mapped_column(Text, nullable=False)
+    step: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    duration_ms: Mapped[float] = mapped_column(Double, nullable=False)
+    running: Mapped[int] = mapped_column(Integer, nullable=False)
+    kv_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    waiting: Mapped[int | None] = mapped_column(Integer)
+
+    __mapper_args__ = {"primary_key": [ingest_id]}  # noqa: RUF012
+
+
+class ViolationRow(Base):
+    __tablename__ = "violations"
+
+    ingest_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    severity: Mapped[str] = mapped_column(Text, nullable=False)
+    worker: Mapped[str | None] = mapped_column(Text)
+    request_id: Mapped[str | None] = mapped_column(Text)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    detail: Mapped[str] = mapped_column(Text, nullable=False)
+
+    __mapper_args__ = {"primary_key": [ingest_id, kind]}  # noqa: RUF012
+
+
+class DecisionRow(Base):
+    """One shadow policy's view of one incumbent dispatch (the decision audit)."""
+
+    __tablename__ = "decisions"
+
+    ingest_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    request_id: Mapped[str] = mapped_column(Text, nullable=False)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    incumbent_worker: Mapped[str] = mapped_column(Text, nullable=False)
+    incumbent_policy: Mapped[str] = mapped_column(Text, nullable=False)
+    policy: Mapped[str] = mapped_column(Text, nullable=False)
+    choice: Mapped[str | None] = mapped_column(Text)
+    agrees: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    f_br0_incumbent: Mapped[float] = mapped_column(Double, nullable=False)
+    f_br0_choice: Mapped[float | None] = mapped_column(Double)
+    f_br0_best: Mapped[float] = mapped_column(Double, nullable=False)
+    f_brh_incumbent: Mapped[float] = mapped_column(Double, nullable=False)
+    f_brh_choice: Mapped[float | None] = mapped_column(Double)
+    f_brh_best: Mapped[float] = mapped_column(Double, nullable=False)
+    mirror_jsq_agrees: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    router_view_agrees: Mapped[bool | None] = mapped_column(Boolean)
+    snapshot: Mapped[str] = mapped_column(Text, nullable=False)
+
+    __mapper_args__ = {"primary_key": [ingest_id, policy]}  # noqa: RUF012
+
+
+class WindowRow(Base):
+    __tablename__ = "windows"
+
+    fleet: Mapped[str] = mapped_column(Text, primary_key=True)
+    window_index: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    t_start: Mapped[float] = mapped_column(Double, nullable=False)
+    t_end: Mapped[float] = mapped_column(Double, nullable=False)
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    imputed: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    a_ms_per_token: Mapped[float] = mapped_column(Double, nullable=False)
+    b_ms: Mapped[float] = mapped_column(Double, nullable=False)
+    step_model_fitted: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    fidelity_imbalance: Mapped[float | None] = mapped_column(Double)
+    fidelity_step: Mapped[float | None] = mapped_column(Double)
+
+
+class WindowMetricRow(Base):
+    __tablename__ = "window_metrics"
+
+    fleet: Mapped[str] = mapped_column(Text, primary_key=True)
+    window_index: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    policy: Mapped[str] = mapped_column(Text, primary_key=True)
+    imbalance_mean: Mapped[float | None] = mapped_column(Double)
+    gap_mean: Mapped[float | None] = mapped_column(Double)
+    step_ms_mean: Mapped[float | None] = mapped_column(Double)
+    throughput_tok_s: Mapped[float | None] = mapped_column(Double)
+    tpot_p95_ms: Mapped[float | None] = mapped_column(Double)
+    pool_wait_p95_ms: Mapped[float | None] = mapped_column(Double)
+    steps: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class StepModelFitRow(Base):
+    __tablename__ = "step_model_fits"
+
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    fitted_at: Mapped[float] = mapped_column(Double, nullable=False)
+    a_ms_per_token: Mapped[float] = mapped_column(Double, nullable=False)
+    b_ms: Mapped[float] = mapped_column(Double, nullable=False)
+    r2: Mapped[float | None] = mapped_column(Double)
+    n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    t_start: Mapped[float | None] = mapped_column(Double)
+    t_end: Mapped[float | None] = mapped_column(Double)
+    fallback: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+
+    __mapper_args__ = {"primary_key": [fleet, fitted_at]}  # noqa: RUF012
+
+
+class IngestState(Base):
+    """Checkpoints of the ingest path (`next_ingest_id`, `applied_through`)."""
+
+    __tablename__ = "ingest_state"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, nullable=False)

@@ -1,0 +1,255 @@
+"""The decision audit: on the snapshot frozen just before each `dispatch`, what would
+each shadow policy have done with that request, and what did the incumbent's choice do
+to the barrier gap compared with the best choice?
+
+F-scores are given in both forms: BR-0's (the exact change of the current gap) and
+BR-H's (the discounted horizon, scored with a Survival predictor that learns from the
+fleet's completed requests).
+
+The audit works on plain data (a snapshot, the request, the completed lengths to learn
+from), so it can run in the ingest process or in a worker process beside it; jobs must
+arrive in stream order, learning before the dispatches that follow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from shadow.policies import (
+    BalanceRouteConfig,
+    BalanceRouteHorizon,
+    FleetSnapshot,
+    Policy,
+    ReadyPool,
+    horizon_scores,
+    make_policy,
+)
+from shadow.predict.predictors import SurvivalPredictor
+
+DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    policies: tuple[str, ...] = DEFAULT_SHADOW_POLICIES
+    balance_route: BalanceRouteConfig = field(default_factory=BalanceRouteConfig)
+
+
+class Decision(NamedTuple):
+    """One shadow policy's view of one incumbent dispatch (a tuple: it crosses a process
+    boundary thousands of times a second)."""
+
+    fleet: str
+    ts: float
+    request_id: str
+    prompt_tokens: int
+    incumbent_worker: str
+    incumbent_policy: str
+    policy: str
+    choice: str | None
+    agrees: bool
+    f_br0_incumbent: float
+    f_br0_choice: float | None
+    f_br0_best: float
+    f_brh_incumbent: float
+    f_brh_choice: float | None
+    f_brh_best: float
+    mirror_jsq_agrees: bool
+    router_view_agrees: bool | None
+    workers: tuple[str, ...]
+    loads: tuple[int, ...]
+    active: tuple[int, ...]
+    capacity: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """One dispatch to audit, with the snapshot frozen just before it."""
+
+    ingest_id: int
+    fleet: str
+    ts: float
+    request_id: str
+    prompt_tokens: int
+    prompt_key: int
+    incumbent_worker: str
+    incumbent_policy: str
+    router_view: Mapping[str, object] | None
+    snapshot: FleetSnapshot
+
+
+@dataclass(frozen=True)
+class LearnJob:
+    """Output lengths of requests completed since the previous job (stream order)."""
+
+    fleet: str
+    lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AuditOutcome:
+    fleet: str
+    ingest_id: int
+    decisions: tuple[Decision, ...]
+    #: (policy, worker, free slots it had) for shadow choices of a worker with no room
+    invalid: tuple[tuple[str, str, int], ...]
+
+
+def _router_view_jsq(workers: Sequence[str], view: Mapping[str, object]) -> str | None:
+    """What JSQ picks from the router's own view (fewest running, ties in worker order)."""
+    best: tuple[int, int] | None = None
+    choice = None
+    for index, worker in enumerate(workers):
+        entry = view.get(worker)
+        running = entry.get("running") if isinstance(entry, Mapping) else None
+        if running is None and entry is not None:
+            running = getattr(entry, "running", None)
+        if running is None:
+            continue
+        if best is None or (running, index) < best:
+            best, choice = (running, index), worker
+    return choice
+
+
+class Auditor:
+    """Audits one fleet's dispatches against the configured shadow policies."""
+
+    def __init__(self, fleet: str, config: AuditConfig | None = None) -> None:
+        self.fleet = fleet
+        self.config = config or AuditConfig()
+        self.predictor = SurvivalPredictor()
+        self.policies: dict[str, Policy] = {
+            name: make_policy(
+                name,
+                config=self.config.balance_route,
+                predictor=self.predictor if name == "brh-survival" else None,
+            )
+            for name in self.config.policies
+        }
+        self._jsq = self.policies.get("jsq") or make_policy("jsq")
+        horizon = self.policies.get("brh-survival")
+        # BR-H scores every choice; the survival policy (if audited) shares its projection.
+        self._horizon: BalanceRouteHorizon = (
+            horizon
+            if isinstance(horizon, BalanceRouteHorizon)
+            else BalanceRouteHorizon(self.predictor, self.config.balance_route)
+        )
+
+    def learn(self, lengths: Sequence[int]) -> None:
+        if lengths:
+            self.predictor.observe_many(np.asarray(lengths, dtype=np.int64))
+
+    def audit(self, job: AuditJob) -> AuditOutcome:
+        snapshot = job.snapshot
+        workers = snapshot.worker_ids
+        if job.incumbent_worker not in workers:
+            return AuditOutcome(self.fleet, job.ingest_id, (), ())
+        prompt = job.prompt_tokens
+        free = snapshot.free_slots
+        open_mask = free > 0
+        any_open = bool(open_mask.any())
+        incumbent = workers.index(job.incumbent_worker)
+        pool = ReadyPool([job.request_id], np.array([prompt]), np.array([job.prompt_key]))
+
+        loads = snapshot.load
+        margins = (loads.max() - loads).astype(np.float64)
+        br0 = prompt - snapshot.workers * np.maximum(0.0, prompt - margins)
+        projection = self._horizon.project(snapshot)
+        brh = horizon_scores(projection, self.config.balance_route, prompt)
+        scored = open_mask if any_open else np.ones_like(open_mask)
+
+        choices: dict[str, object] = {}
+        invalid = []
+        for name, policy in self.policies.items():
+            admitted = []
+            if any_open:
+                if policy is self._horizon:
+                    admitted = policy.admit(snapshot, pool, projection)  # type: ignore[call-arg]
+                else:
+                    admitted = policy.admit(snapshot, pool)
+            choice = admitted[0].worker if admitted else None
+            choices[name] = choice
+            if choice is not None and free[workers.index(choice)] <= 0:
+                invalid.append((name, str(choice), int(free[workers.index(choice)])))
+        jsq_choice = choices.get("jsq")
+        if "jsq" not in choices and any_open:
+            jsq_choice = self._jsq.admit(snapshot, pool)[0].worker
+        view_choice = _router_view_jsq(workers, job.router_view) if job.router_view else None
+
+        worker_names = tuple(str(w) for w in workers)
+        load_list = tuple(loads.tolist())
+        active_list = tuple(snapshot.active_count.tolist())
+        capacity_list = tuple(snapshot.capacity.tolist())
+        br0_best = float(br0[scored].max())
+        brh_best = float(brh[scored].max())
+        decisions = []
+        for name, choice in choices.items():
+            index = workers.index(choice) if choice is not None else None
+            decisions.append(
+                Decision(
+                    self.fleet,
+                    job.ts,
+                    job.request_id,
+                    prompt,
+                    job.incumbent_worker,
+                    job.incumbent_policy,
+                    name,
+                    None if choice is None else str(choice),
+                    choice == job.incumbent_worker,
+                    float(br0[incumbent]),
+                    None if index is None else float(br0[index]),
+                    br0_best,
+                    float(brh[incumbent]),
+                    None if index is None else float(brh[index]),
+                    brh_best,
+                    jsq_choice == job.incumbent_worker,
+                    None if view_choice is None else view_choice == job.incumbent_worker,
+                    worker_names,
+                    load_list,
+                    active_list,
+                    capacity_list,
+                )
+            )
+        return AuditOutcome(self.fleet, job.ingest_id, tuple(decisions), tuple(invalid))
+
+
+class AuditEngine:
+    """Runs audit and learn jobs for every fleet, in order."""
+
+    def __init__(self, config: AuditConfig | None = None) -> None:
+        self.config = config or AuditConfig()
+        self.auditors: dict[str, Auditor] = {}
+
+    def _auditor(self, fleet: str) -> Auditor:
+        auditor = self.auditors.get(fleet)
+        if auditor is None:
+            auditor = self.auditors[fleet] = Auditor(fleet, self.config)
+        return auditor
+
+    def run(self, jobs: Sequence[AuditJob | LearnJob]) -> list[AuditOutcome]:
+        outcomes = []
+        for job in jobs:
+            if isinstance(job, LearnJob):
+                self._auditor(job.fleet).learn(job.lengths)
+            else:
+                outcomes.append(self._auditor(job.fleet).audit(job))
+        return outcomes
+
+
+#: The engine of a worker process (set by `start_worker`).
+_WORKER_ENGINE: AuditEngine | None = None
+
+
+def start_worker(config: AuditConfig) -> None:
+    """Process-pool initializer: one engine per worker process, alive across batches."""
+    global _WORKER_ENGINE
+    _WORKER_ENGINE = AuditEngine(config)
+
+
+def run_in_worker(jobs: Sequence[AuditJob | LearnJob]) -> list[AuditOutcome]:
+    assert _WORKER_ENGINE is not None, "start_worker was not run in this process"
+    return _WORKER_ENGINE.run(jobs)

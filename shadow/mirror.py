@@ -1,0 +1,324 @@
+"""The state mirror: what the fleet looks like, rebuilt from the event stream alone.
+
+Per worker: capacity, state and the active requests; per request: prompt, where it runs
+and how much it has generated; the ready pool in ready order; and a Survival predictor
+fed by completed requests. The mirror and the replay engine are the only places that
+mutate fleet state; the audit, the invariants and the windows read it.
+
+Loads are maintained in O(1) per event. A request's generated count is the number of
+engine steps its worker ran since the dispatch (`steps_g - offset_i`), raised by its
+cumulative `progress` when that is ahead (a fleet without step telemetry, or a request
+that started late). So `L_g = sum(s_i) + n_g * steps_g - sum(offset_i)`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, ReadyPool, prompt_key_id
+from shadow.predict.predictors import SurvivalPredictor
+
+#: Finish reasons after which a request's length says something about future requests.
+NATURAL_FINISH = frozenset({"stop", "length"})
+
+
+class RequestState:
+    __slots__ = (
+        "dispatch_ts",
+        "finished",
+        "last_seen_ts",
+        "offset",
+        "output_tokens",
+        "progress",
+        "prompt_key",
+        "prompt_tokens",
+        "ready_ts",
+        "request_id",
+        "slot",
+        "worker",
+    )
+
+    def __init__(self, request_id: str, prompt_tokens: int, prompt_key: int, ready_ts: float):
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.prompt_key = prompt_key
+        self.ready_ts = ready_ts
+        self.worker: WorkerState | None = None
+        self.offset = 0
+        self.progress = 0
+        self.dispatch_ts: float | None = None
+        self.last_seen_ts = ready_ts
+        self.finished = False
+        self.output_tokens: int | None = None
+        self.slot = -1
+
+    def generated(self) -> int:
+        worker = self.worker
+        return worker.steps - self.offset if worker is not None else self.progress
+
+
+class WorkerState:
+    __slots__ = (
+        "active",
+        "capacity",
+        "index",
+        "last_step",
+        "offset_sum",
+        "prompt_sum",
+        "state",
+        "steps",
+        "worker_id",
+    )
+
+    def __init__(self, index: int, worker_id: str, capacity: int, state: str) -> None:
+        self.index = index
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.state = state
+        self.steps = 0
+        self.last_step = -1
+        self.prompt_sum = 0
+        self.offset_sum = 0
+        self.active: dict[str, RequestState] = {}
+
+    @property
+    def load(self) -> int:
+        return self.prompt_sum + len(self.active) * self.steps - self.offset_sum
+
+    @property
+    def accepting(self) -> bool:
+        return self.state == "up"
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A request that left the fleet, with what is known of it."""
+
+    request_id: str
+    worker: str | None
+    prompt_tokens: int
+    output_tokens: int
+    reason: str
+    ts: float
+
+
+class FleetMirror:
+    """The mirror of one fleet."""
+
+    def __init__(self, fleet: str) -> None:
+        self.fleet = fleet
+        self.workers: dict[str, WorkerState] = {}
+        self.order: list[WorkerState] = []
+        self.requests: dict[str, RequestState] = {}
+        self.pool: OrderedDict[str, RequestState] = OrderedDict()
+        self.predictor = SurvivalPredictor()
+        self.now = 0.0
+        # The active set as slot-indexed columns, so a snapshot is a mask and a gather.
+        self._slot_used = np.zeros(256, dtype=bool)
+        self._slot_worker = np.zeros(256, dtype=np.int64)
+        self._slot_prompt = np.zeros(256, dtype=np.int64)
+        self._slot_offset = np.zeros(256, dtype=np.int64)
+        self._slot_key = np.zeros(256, dtype=np.int64)
+        self._free_slots: list[int] = []
+        self._slots_used = 0
+
+    def _take_slot(self, request: RequestState, worker: WorkerState) -> None:
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            slot = self._slots_used
+            self._slots_used += 1
+            if slot >= self._slot_used.shape[0]:
+                grow = self._slot_used.shape[0]
+                self._slot_used = np.concatenate((self._slot_used, np.zeros(grow, dtype=bool)))
+                for name in ("_slot_worker", "_slot_prompt", "_slot_offset", "_slot_key"):
+                    column = getattr(self, name)
+                    setattr(self, name, np.concatenate((column, np.zeros(grow, dtype=np.int64))))
+        request.slot = slot
+        self._slot_used[slot] = True
+        self._slot_worker[slot] = worker.index
+        self._slot_prompt[slot] = request.prompt_tokens
+        self._slot_offset[slot] = request.offset
+        self._slot_key[slot] = request.prompt_key
+
+    # -- reads ---------------------------------------------------------------------
+
+    def worker(self, worker_id: str) -> WorkerState | None:
+        return self.workers.get(worker_id)
+
+    def loads(self) -> np.ndarray:
+        return np.array([w.load for w in self.order], dtype=np.int64)
+
+    def active_counts(self) -> np.ndarray:
+        return np.array([len(w.active) for w in self.order], dtype=np.int64)
+
+    def capacities(self) -> np.ndarray:
+        """Slots per worker; a worker that is down or draining takes nothing new."""
+        return np.array([w.capacity if w.accepting else 0 for w in self.order], dtype=np.int64)
+
+    def snapshot(self, *, with_active: bool = True) -> FleetSnapshot:
+        """The fleet as a routing policy sees it (worker ids in join order)."""
+        workers = len(self.order)
+        if with_active and self.order:
+            slots = np.flatnonzero(self._slot_used[: self._slots_used])
+            worker = self._slot_worker[slots]
+            steps = np.fromiter((w.steps for w in self.order), np.int64, workers)
+            generated = steps[worker] - self._slot_offset[slots]
+            active = ActiveSet(
+                worker, self._slot_prompt[slots], generated, self._slot_key[slots], None
+            )
+        else:
+            active = ActiveSet.empty()
+        counts = self.active_counts()
+        capacity = np.maximum(self.capacities(), 0)
+        return FleetSnapshot(
+            tuple(w.worker_id for w in self.order),
+            capacity,
+            counts,
+            self.loads(),
+            active,
+            np.zeros(workers, dtype=np.int64),
+        )
+
+    def ready_pool(self) -> ReadyPool:
+        requests = list(self.pool.values())
+        return ReadyPool(
+            [r.request_id for r in requests],
+            np.fromiter((r.prompt_tokens for r in requests), np.int64, len(requests)),
+            np.fromiter((r.prompt_key for r in requests), np.int64, len(requests)),
+        )
+
+    # -- writes (one per event type) ------------------------------------------------
+
+    def _tick(self, ts: float) -> None:
+        self.now = max(self.now, ts)
+
+    def apply_worker(self, ts: float, worker_id: str, capacity: int, state: str) -> WorkerState:
+        self._tick(ts)
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            worker = WorkerState(len(self.order), worker_id, capacity, state)
+            self.workers[worker_id] = worker
+            self.order.append(worker)
+        else:
+            worker.capacity = capacity
+            worker.state = state
+        return worker
+
+    def apply_ready(
+        self, ts: float, request_id: str, prompt_tokens: int, prompt_hash: str | None
+    ) -> RequestState | None:
+        """Add to the pool; None when the request is already known (a duplicate)."""
+        self._tick(ts)
+        if request_id in self.requests:
+            return None
+        key = prompt_key_id(prompt_hash) if prompt_hash is not None else int(NO_KEY)
+        request = RequestState(request_id, prompt_tokens, key, ts)
+        self.requests[request_id] = request
+        self.pool[request_id] = request
+        return request
+
+    def apply_dispatch(self, ts: float, request_id: str, worker_id: str) -> RequestState:
+        """Start the request on the worker. Unknown requests and workers are created (the
+        invariants record why that is wrong); a second dispatch moves nothing."""
+        self._tick(ts)
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            worker = self.apply_worker(ts, worker_id, 0, "up")
+        request = self.requests.get(request_id)
+        if request is None:
+            request = RequestState(request_id, 0, int(NO_KEY), ts)
+            self.requests[request_id] = request
+        if request.worker is not None or request.finished:
+            return request
+        self.pool.pop(request_id, None)
+        request.worker = worker
+        request.dispatch_ts = ts
+        request.last_seen_ts = ts
+        request.offset = worker.steps - request.progress
+        worker.active[request_id] = request
+        worker.prompt_sum += request.prompt_tokens
+        worker.offset_sum += request.offset
+        self._take_slot(request, worker)
+        return request
+
+    def apply_progress(self, ts: float, request_id: str, generated: int) -> None:
+        self._tick(ts)
+        request = self.requests.get(request_id)
+        if request is None or request.finished:
+            return
+        request.last_seen_ts = ts
+        if generated <= request.progress:
+            return
+        request.progress = generated
+        worker = request.worker
+        if worker is not None:
+            lag = generated - (worker.steps - request.offset)
+            if lag > 0:  # the engine says it is further along than the steps we saw
+                request.offset -= lag
+                worker.offset_sum -= lag
+                self._slot_offset[request.slot] = request.offset
+
+    def apply_finish(
+        self, ts: float, request_id: str, output_tokens: int, reason: str
+    ) -> Completed | None:
+        """Release the slot and learn; None when the request was not running here."""
+        self._tick(ts)
+        request = self.requests.get(request_id)
+        if request is None or request.finished:
+            return None
+        self.pool.pop(request_id, None)
+        worker = request.worker
+        if worker is not None:
+            self._release(worker, request)
+        request.finished = True
+        request.output_tokens = output_tokens
+        if reason in NATURAL_FINISH and output_tokens >= 1:
+            self.predictor.observe(output_tokens)
+        return Completed(
+            request_id,
+            worker.worker_id if worker is not None else None,
+            request.prompt_tokens,
+            output_tokens,
+            reason,
+            ts,
+        )
+
+    def _release(self, worker: WorkerState, request: RequestState) -> None:
+        request.progress = max(request.progress, worker.steps - request.offset)
+        del worker.active[request.request_id]
+        worker.prompt_sum -= request.prompt_tokens
+        worker.offset_sum -= request.offset
+        self._slot_used[request.slot] = False
+        self._free_slots.append(request.slot)
+        request.slot = -1
+        request.worker = None
+
+    def release_ghost(self, request: RequestState) -> None:
+        """Free the slot of a request that stopped reporting (it stays unfinished)."""
+        if request.worker is not None:
+            self._release(request.worker, request)
+        request.finished = True
+
+    def apply_engine_step(self, ts: float, worker_id: str, step: int) -> WorkerState | None:
+        """Count one decode step of the worker; None for a step already counted."""
+        self._tick(ts)
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            worker = self.apply_worker(ts, worker_id, 0, "up")
+        if step <= worker.last_step:
+            return None
+        worker.last_step = step
+        worker.steps += 1
+        return worker
+
+    def forget_finished(self, keep: set[str] | None = None) -> int:
+        """Drop finished requests nobody needs any more (bounded memory)."""
+        keep = keep or set()
+        gone = [rid for rid, r in self.requests.items() if r.finished and rid not in keep]
+        for rid in gone:
+            del self.requests[rid]
+        return len(gone)

@@ -1,0 +1,1 @@
+"""The shadow service: ingest pipeline, storage, HTTP API."""

@@ -1,0 +1,283 @@
+"""Durable storage of the shadow service in DuckDB.
+
+Everything acknowledged is written before the acknowledgement, in one transaction per
+batch: lifecycle events and engine steps are appended through DuckDB's Arrow interface,
+the latest cumulative progress per request is upserted. Derived rows (decisions,
+violations) carry the `ingest_id` of the event that produced them and are written in one
+transaction with the checkpoint `applied_through`, so a restart re-derives exactly the
+tail after it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from sqlalchemy import Connection, text
+
+from shadow.audit import Decision
+from shadow.invariants import Violation
+from shadow.storage import open_database
+from shadow.windows import WINDOW_METRICS, WindowResult
+
+LIFECYCLE_COLUMNS = (
+    "ingest_id", "fleet", "source", "seq", "type", "ts", "request_id", "worker",
+    "prompt_tokens", "prompt_hash", "max_tokens", "policy", "router_view", "output_tokens",
+    "reason", "capacity", "state",
+)  # fmt: skip
+STEP_COLUMNS = (
+    "ingest_id", "fleet", "source", "seq", "worker", "step", "ts", "duration_ms", "running",
+    "kv_tokens", "waiting",
+)  # fmt: skip
+PROGRESS_COLUMNS = ("fleet", "request_id", "generated", "ts", "ingest_id")
+DECISION_COLUMNS = (
+    "ingest_id", "fleet", "ts", "request_id", "prompt_tokens", "incumbent_worker",
+    "incumbent_policy", "policy", "choice", "agrees", "f_br0_incumbent", "f_br0_choice",
+    "f_br0_best", "f_brh_incumbent", "f_brh_choice", "f_brh_best", "mirror_jsq_agrees",
+    "router_view_agrees", "snapshot",
+)  # fmt: skip
+VIOLATION_COLUMNS = ("ingest_id", "fleet", "kind", "severity", "worker", "request_id", "ts",
+                     "detail")  # fmt: skip
+
+#: Tables keyed by a primary key, where a row may be written again (restart, newer value).
+UPSERT_TABLES = frozenset({"progress_latest", "window_metrics"})
+_views = itertools.count()
+_views_lock = threading.Lock()
+
+
+@dataclass
+class EventBatch:
+    """Rows of one acknowledged batch, column-wise."""
+
+    lifecycle: list[tuple] = field(default_factory=list)
+    steps: list[tuple] = field(default_factory=list)
+    progress: dict[tuple[str, str], tuple] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.lifecycle) + len(self.steps) + len(self.progress)
+
+
+def _duck(conn: Connection) -> duckdb.DuckDBPyConnection:
+    return conn.connection.driver_connection  # type: ignore[return-value]
+
+
+def _append(conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple]) -> None:
+    """Append rows through a registered Arrow table (one columnar insert)."""
+    if not rows:
+        return
+    data = pa.Table.from_pydict({name: [row[i] for row in rows] for i, name in enumerate(columns)})
+    with _views_lock:
+        view = f"_shadow_rows_{next(_views)}"
+    duck = _duck(conn)
+    duck.register(view, data)
+    try:
+        names = ", ".join(columns)
+        verb = "INSERT OR REPLACE" if table in UPSERT_TABLES else "INSERT"
+        duck.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM {view}")
+    finally:
+        duck.unregister(view)
+
+
+class ServiceStore:
+    """The service's DuckDB file (migrated on open)."""
+
+    def __init__(self, path: str | Path, threads: int = 1) -> None:
+        """`threads`: DuckDB worker threads. The service appends small batches; more
+        threads only contend with the ingest and audit processes for the cores."""
+        self.path = Path(path)
+        self.database = open_database(path)
+        self.engine = self.database.engine
+        with self.engine.begin() as conn:
+            conn.execute(text(f"SET threads TO {threads}"))
+
+    def close(self) -> None:
+        self.database.close()
+
+    # -- writes ---------------------------------------------------------------------
+
+    def commit(
+        self,
+        batch: EventBatch,
+        next_ingest_id: int,
+        decisions: Sequence[tuple[int, Decision]],
+        violations: Sequence[tuple[int, Violation]],
+        applied_through: int,
+    ) -> None:
+        """One transaction: the batch being acknowledged (with the id counter after it)
+        and everything derived so far (with the checkpoint it reaches)."""
+        with self.engine.begin() as conn:
+            _append(conn, "events", LIFECYCLE_COLUMNS, batch.lifecycle)
+            _append(conn, "engine_steps", STEP_COLUMNS, batch.steps)
+            _append(conn, "progress_latest", PROGRESS_COLUMNS, list(batch.progress.values()))
+            self._set_state(conn, "next_ingest_id", next_ingest_id)
+            _append(
+                conn, "decisions", DECISION_COLUMNS, [_decision_row(i, d) for i, d in decisions]
+            )
+            _append(
+                conn,
+                "violations",
+                VIOLATION_COLUMNS,
+                [
+                    (i, v.fleet, v.kind, v.severity, v.worker, v.request_id, v.ts, v.detail)
+                    for i, v in violations
+                ],
+            )
+            self._set_state(conn, "applied_through", applied_through)
+
+    def drop_derived_after(self, applied_through: int) -> None:
+        """Forget derived rows of events after the checkpoint (they are re-derived)."""
+        with self.engine.begin() as conn:
+            for table in ("decisions", "violations"):
+                conn.execute(
+                    text(f"DELETE FROM {table} WHERE ingest_id > :after"),
+                    {"after": applied_through},
+                )
+
+    def save_window(self, result: WindowResult, fitted: bool) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT OR REPLACE INTO windows VALUES (:fleet, :index, :t_start, :t_end, "
+                    ":requests, :imputed, :a, :b, :fitted, :fid_imb, :fid_step)"
+                ),
+                {
+                    "fleet": result.fleet,
+                    "index": result.index,
+                    "t_start": result.t_start,
+                    "t_end": result.t_end,
+                    "requests": result.requests,
+                    "imputed": result.imputed,
+                    "a": result.step_model.a_ms_per_token,
+                    "b": result.step_model.b_ms,
+                    "fitted": fitted,
+                    "fid_imb": _finite(result.fidelity_imbalance),
+                    "fid_step": _finite(result.fidelity_step),
+                },
+            )
+            rows = [
+                (
+                    result.fleet,
+                    result.index,
+                    policy,
+                    *(_finite(metrics.get(m)) for m in WINDOW_METRICS),
+                )
+                for policy, metrics in result.metrics.items()
+            ]
+            _append(
+                conn, "window_metrics", ("fleet", "window_index", "policy", *WINDOW_METRICS), rows
+            )
+
+    def save_fit(self, fleet: str, fitted_at: float, fit: Any) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO step_model_fits VALUES (:fleet, :at, :a, :b, :r2, :n, "
+                    ":t0, :t1, :fallback, :reason)"
+                ),
+                {
+                    "fleet": fleet,
+                    "at": fitted_at,
+                    "a": fit.a_ms_per_token,
+                    "b": fit.b_ms,
+                    "r2": _finite(fit.r2),
+                    "n": fit.n,
+                    "t0": fit.t_start,
+                    "t1": fit.t_end,
+                    "fallback": fit.fallback,
+                    "reason": fit.reason,
+                },
+            )
+
+    @staticmethod
+    def _set_state(conn: Connection, name: str, value: int) -> None:
+        conn.execute(
+            text("INSERT OR REPLACE INTO ingest_state VALUES (:name, :value)"),
+            {"name": name, "value": value},
+        )
+
+    # -- reads ----------------------------------------------------------------------
+
+    def state(self, name: str, default: int = 0) -> int:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT value FROM ingest_state WHERE name = :name"), {"name": name}
+            ).first()
+        return int(row[0]) if row else default
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            result = conn.execute(text(sql), params or {})
+            return [dict(row._mapping) for row in result]
+
+    def stored_events(self) -> Iterator[tuple[float, int, int, str, dict[str, Any]]]:
+        """Every stored event in apply order, as `(ts, order, ingest_id, type, fields)`.
+
+        Lifecycle events and engine steps merge by time with the stream's class order at
+        equal times; each request's latest progress comes at its own time.
+        """
+        order = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4,
+                 "dispatch": 5}  # fmt: skip
+        queries = {
+            "events": f"SELECT {', '.join(LIFECYCLE_COLUMNS)} FROM events",
+            "engine_steps": f"SELECT {', '.join(STEP_COLUMNS)} FROM engine_steps",
+            "progress_latest": f"SELECT {', '.join(PROGRESS_COLUMNS)} FROM progress_latest",
+        }
+        streams = []
+        with self.engine.connect() as conn:
+            duck = _duck(conn)
+            for table, sql in queries.items():
+                cursor = duck.execute(sql)
+                names = [d[0] for d in cursor.description]
+                rows = []
+                for values in cursor.fetchall():
+                    fields = dict(zip(names, values, strict=True))
+                    kind = fields.get("type") or (
+                        "engine_step" if table == "engine_steps" else "progress"
+                    )
+                    rows.append((fields["ts"], order[kind], fields["ingest_id"], kind, fields))
+                rows.sort(key=lambda r: r[:3])
+                streams.append(rows)
+        yield from heapq.merge(*streams, key=lambda r: r[:3])
+
+    def recent_seqs(self, window: int) -> dict[tuple[str, str], set[int]]:
+        """Per (fleet, source), the stored seqs within `window` of that source's highest."""
+        out: dict[tuple[str, str], set[int]] = {}
+        for table in ("events", "engine_steps"):
+            for row in self.query(
+                f"""SELECT fleet, source, seq FROM {table} t
+                    WHERE seq IS NOT NULL AND seq > (
+                        SELECT max(seq) FROM {table} u
+                        WHERE u.fleet = t.fleet AND u.source = t.source) - :window""",
+                {"window": window},
+            ):
+                out.setdefault((row["fleet"], row["source"]), set()).add(int(row["seq"]))
+        return out
+
+    def window_indices(self) -> dict[str, set[int]]:
+        out: dict[str, set[int]] = {}
+        for row in self.query("SELECT fleet, window_index FROM windows"):
+            out.setdefault(row["fleet"], set()).add(int(row["window_index"]))
+        return out
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def _decision_row(ingest_id: int, d: Decision) -> tuple:
+    snapshot = json.dumps(
+        {"workers": d.workers, "loads": d.loads, "active": d.active, "capacity": d.capacity},
+        separators=(",", ":"),
+    )
+    return (ingest_id, *[getattr(d, c) for c in DECISION_COLUMNS[1:-1]], snapshot)

@@ -1,0 +1,25 @@
+"""Worker processes beside the ingest process: one for the decision audit, one for
+window replays. On a small machine they put the second core to work, so the audit and
+the counterfactual replays never hold up the acknowledgement of events."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+from shadow.audit import AuditConfig, start_worker
+
+
+def audit_worker(config: AuditConfig) -> ProcessPoolExecutor:
+    """One process holding the audit engine (its predictors persist across batches)."""
+    return ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=start_worker,
+        initargs=(config,),
+    )
+
+
+def window_worker() -> ProcessPoolExecutor:
+    """One process for window replays (pure functions of their specs)."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))

@@ -1,0 +1,446 @@
+"""Windowed counterfactual replay: the paired samples the gate decides on.
+
+The observed timeline is cut into windows (default 30 s of fleet time). A window starts
+at a step boundary, after the completions of the step that crossed the nominal boundary
+and before the next step's dispatches, so its start snapshot is exactly what the next
+admission round saw. Every policy is replayed from that snapshot (active requests with
+their prompt, generated-so-far and true remaining length) with the window's arrivals at
+their observed times, on the calibrated step model. A window is evaluated once every
+request in it has finished, or after `max_lag_s` with the unfinished lengths imputed by
+the Survival predictor (the window is flagged).
+
+Window metrics cover the steps that start inside the window. TPOT here is
+`(finish - dispatch) / output_tokens` for requests that arrived in the window, for the
+observed and the replayed run alike, because the tap sees dispatch and finish times.
+`evaluate_window` is a pure function of a picklable `WindowSpec`, so it can run in a
+worker process off the ingest path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shadow.mirror import FleetMirror
+from shadow.policies import ActiveSet, BalanceRouteConfig, make_policy
+from shadow.predict.predictors import SurvivalPredictor
+from shadow.replay import InitialRequest, replay
+from shadow.workload import StepModel, Workload
+
+WINDOW_METRICS = (
+    "imbalance_mean",
+    "gap_mean",
+    "step_ms_mean",
+    "throughput_tok_s",
+    "tpot_p95_ms",
+    "pool_wait_p95_ms",
+    "steps",
+)
+OBSERVED = "observed"
+IMPUTE_HORIZON = 1_000_000
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    length_s: float = 30.0
+    max_lag_s: float = 600.0
+    policies: tuple[str, ...] = ("jsq", "br0", "brh-survival", "brh-oracle")
+    incumbent: str = "jsq"
+    history_limit: int = 20_000
+    balance_route: BalanceRouteConfig = field(default_factory=BalanceRouteConfig)
+
+
+@dataclass
+class _Request:
+    prompt: int
+    key: int
+    ready_ts: float | None = None
+    dispatch_ts: float | None = None
+    finish_ts: float | None = None
+    output: int | None = None
+    progress: int = 0
+    refs: int = 0
+
+
+@dataclass
+class _Window:
+    index: int
+    t_start: float
+    workers: tuple[str, ...]
+    batch: int
+    initial: list[tuple[str, int, int]]  # request, worker index, generated at start
+    pool: list[str]
+    arrivals: list[str] = field(default_factory=list)
+    t_end: float | None = None
+    steps: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> worker -> kv
+    step_start: dict[int, float] = field(default_factory=dict)
+    step_duration: dict[int, float] = field(default_factory=dict)
+    step_running: dict[int, int] = field(default_factory=dict)
+    history: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    def request_ids(self) -> list[str]:
+        return [rid for rid, _, _ in self.initial] + self.pool + self.arrivals
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Everything needed to evaluate one window, as plain data."""
+
+    fleet: str
+    index: int
+    t_start: float
+    t_end: float
+    workers: int
+    batch: int
+    step_model: StepModel
+    policies: tuple[str, ...]
+    incumbent: str
+    balance_route: BalanceRouteConfig
+    initial: tuple[InitialRequest, ...]
+    arrivals: Workload
+    observed: dict[str, float]
+    history: np.ndarray
+    imputed: int
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    fleet: str
+    index: int
+    t_start: float
+    t_end: float
+    requests: int
+    imputed: int
+    step_model: StepModel
+    metrics: dict[str, dict[str, float]]  # policy (and "observed") -> metric -> value
+    fidelity_imbalance: float
+    fidelity_step: float
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+def _span_metrics(
+    starts: np.ndarray,
+    durations: np.ndarray,
+    loads: np.ndarray,
+    running: np.ndarray,
+    span_s: float,
+    tpot: np.ndarray,
+    wait: np.ndarray,
+) -> dict[str, float]:
+    if loads.size:
+        top, bottom = loads.max(axis=1), loads.min(axis=1)
+        imbalance = float((top - bottom).mean())
+        gap = float((loads.shape[1] * top - loads.sum(axis=1)).mean())
+        step = float(durations.mean())
+    else:
+        imbalance = gap = step = math.nan
+    return {
+        "imbalance_mean": imbalance,
+        "gap_mean": gap,
+        "step_ms_mean": step,
+        "throughput_tok_s": float(running.sum()) / span_s if span_s > 0 else math.nan,
+        "tpot_p95_ms": _percentile(tpot, 95),
+        "pool_wait_p95_ms": _percentile(wait, 95),
+        "steps": float(starts.shape[0]),
+    }
+
+
+def evaluate_window(spec: WindowSpec) -> WindowResult:
+    """Replay every policy from the window's start snapshot; compare with what happened."""
+    span_ms = (spec.t_end - spec.t_start) * 1000.0
+    metrics: dict[str, dict[str, float]] = {OBSERVED: spec.observed}
+    trace_count = len(spec.arrivals)
+    for name in spec.policies:
+        predictor = None
+        if name in ("brh-survival", "brh-exactmatch"):
+            predictor = make_policy(name).predictor  # type: ignore[attr-defined]
+            if spec.history.size:
+                predictor.observe_many(spec.history)
+        policy = make_policy(name, config=spec.balance_route, predictor=predictor)
+        result = replay(
+            spec.arrivals,
+            policy,
+            workers=spec.workers,
+            batch=spec.batch,
+            step_model=spec.step_model,
+            initial=spec.initial,
+        )
+        inside = result.step_start_ms < span_ms
+        ends = result.step_end_ms
+        trace = np.arange(result.output_tokens.shape[0]) < trace_count
+        tpot = (ends[result.finish_step[trace]] - result.admit_ms[trace]) / result.output_tokens[
+            trace
+        ]
+        wait = result.admit_ms[trace] - result.ready_ms[trace]
+        metrics[name] = _span_metrics(
+            result.step_start_ms[inside],
+            result.step_duration_ms[inside],
+            result.worker_load[inside],
+            result.worker_active[inside].sum(axis=1),
+            span_ms / 1000.0,
+            tpot,
+            wait,
+        )
+    incumbent = metrics.get(spec.incumbent)
+    fidelity_imbalance = fidelity_step = math.nan
+    if incumbent is not None:
+        fidelity_imbalance = _ratio(incumbent["imbalance_mean"], spec.observed["imbalance_mean"])
+        fidelity_step = _ratio(incumbent["step_ms_mean"], spec.observed["step_ms_mean"])
+    return WindowResult(
+        spec.fleet,
+        spec.index,
+        spec.t_start,
+        spec.t_end,
+        len(spec.initial) + trace_count,
+        spec.imputed,
+        spec.step_model,
+        metrics,
+        fidelity_imbalance,
+        fidelity_step,
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    if b == 0:
+        return 1.0 if a == 0 else math.inf
+    return a / b if not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
+class WindowTracker:
+    """Cuts one fleet's applied event stream into windows and builds their specs."""
+
+    def __init__(self, fleet: str, mirror: FleetMirror, config: WindowConfig | None = None):
+        self.fleet = fleet
+        self.mirror = mirror
+        self.config = config or WindowConfig()
+        self.windows: dict[int, _Window] = {}
+        self.current: _Window | None = None
+        self.requests: dict[str, _Request] = {}
+        self._next_boundary: float | None = None
+        self._pending_cut: float | None = None
+        self._count = 0
+        self._history: list[int] = []
+
+    # -- the applied stream ---------------------------------------------------------
+
+    def before_event(self, kind: str, ts: float) -> None:
+        """Call before the mirror applies each event: cuts windows at step boundaries."""
+        if self._next_boundary is None:
+            self._open(ts)
+            return
+        if self._pending_cut is not None:
+            same_step = ts == self._pending_cut and kind in ("engine_step", "progress", "finish")
+            if not same_step:
+                self._open(self._pending_cut)
+                self._pending_cut = None
+            return
+        if ts >= self._next_boundary:
+            if kind == "engine_step":
+                self._pending_cut = ts  # cut after this step's completions
+            else:
+                self._open(self._next_boundary if ts > self._next_boundary else ts)
+
+    def _open(self, t_start: float) -> None:
+        if self.current is not None:
+            self.current.t_end = t_start
+        mirror = self.mirror
+        initial = []
+        for worker in mirror.order:
+            for request in worker.active.values():
+                initial.append((request.request_id, worker.index, request.generated()))
+                self._track(request.request_id, request.prompt_tokens, request.prompt_key)
+        pool = list(mirror.pool)
+        for rid in pool:
+            request = mirror.pool[rid]
+            info = self._track(rid, request.prompt_tokens, request.prompt_key)
+            info.ready_ts = request.ready_ts
+        capacities = [w.capacity for w in mirror.order]
+        window = _Window(
+            self._count,
+            t_start,
+            tuple(w.worker_id for w in mirror.order),
+            max(capacities, default=0),
+            initial,
+            pool,
+            history=np.array(self._history[-self.config.history_limit :], dtype=np.int64),
+        )
+        self.windows[window.index] = window
+        self.current = window
+        self._count += 1
+        self._next_boundary = t_start + self.config.length_s
+
+    def _track(self, request_id: str, prompt: int, key: int) -> _Request:
+        info = self.requests.get(request_id)
+        if info is None:
+            info = _Request(prompt, key)
+            self.requests[request_id] = info
+        info.refs += 1
+        return info
+
+    def on_ready(self, ts: float, request_id: str) -> None:
+        request = self.mirror.requests.get(request_id)
+        if self.current is None or request is None:
+            return
+        info = self._track(request_id, request.prompt_tokens, request.prompt_key)
+        info.ready_ts = ts
+        self.current.arrivals.append(request_id)
+
+    def on_dispatch(self, ts: float, request_id: str) -> None:
+        info = self.requests.get(request_id)
+        if info is not None and info.dispatch_ts is None:
+            info.dispatch_ts = ts
+
+    def on_finish(self, ts: float, request_id: str, output_tokens: int, natural: bool) -> None:
+        info = self.requests.get(request_id)
+        if info is not None:
+            info.finish_ts = ts
+            info.output = output_tokens
+        if natural:
+            self._history.append(output_tokens)
+            if len(self._history) > 2 * self.config.history_limit:
+                del self._history[: -self.config.history_limit]
+
+    def on_engine_step(
+        self, ts: float, worker_id: str, step: int, duration_ms: float, running: int, kv: int
+    ) -> None:
+        start = ts - duration_ms / 1000.0
+        window = self.current
+        if window is None:
+            return
+        if start < window.t_start - 1e-9 and window.index - 1 in self.windows:
+            window = self.windows[window.index - 1]
+        if worker_id not in window.workers:
+            return
+        g = window.workers.index(worker_id)
+        window.steps.setdefault(step, {})[g] = kv
+        window.step_start.setdefault(step, start)
+        window.step_duration[step] = max(window.step_duration.get(step, 0.0), duration_ms)
+        window.step_running[step] = window.step_running.get(step, 0) + running
+
+    # -- evaluation -----------------------------------------------------------------
+
+    def due(self, now: float) -> list[int]:
+        """Closed windows whose requests all finished, or that waited past the lag."""
+        ready = []
+        for index, window in list(self.windows.items()):
+            if window.t_end is None:
+                continue
+            if not window.workers or not window.batch or not window.request_ids():
+                self.discard(index)  # nothing ran: no sample to compare
+                continue
+            done = all(
+                self.requests[rid].output is not None
+                for rid in window.request_ids()
+                if rid in self.requests
+            )
+            if done or now - window.t_end > self.config.max_lag_s:
+                ready.append(index)
+        return ready
+
+    def spec(self, index: int, step_model: StepModel) -> WindowSpec:
+        """Build the spec of a due window and forget it."""
+        window = self.windows.pop(index)
+        assert window.t_end is not None
+        imputer = SurvivalPredictor()
+        if window.history.size:
+            imputer.observe_many(window.history)
+        imputed = 0
+
+        def final_length(info: _Request, generated: int) -> int:
+            nonlocal imputed
+            if info.output is not None:
+                return max(info.output, generated + 1)
+            imputed += 1
+            seen = max(generated, info.progress)
+            expected = imputer.predict(
+                ActiveSet.from_arrays([0], [0], [seen]), IMPUTE_HORIZON
+            ).contribution[0]
+            return seen + max(1, round(float(expected)))
+
+        initial = []
+        for rid, worker_index, generated in window.initial:
+            info = self.requests[rid]
+            total = final_length(info, generated)
+            initial.append(
+                InitialRequest(worker_index, info.prompt, generated, total - generated, info.key)
+            )
+        ready, prompts, outputs, keys = [], [], [], []
+        for rid in window.pool + window.arrivals:
+            info = self.requests[rid]
+            offset = 0.0 if info.ready_ts is None else max(0.0, info.ready_ts - window.t_start)
+            ready.append(offset)
+            prompts.append(info.prompt)
+            outputs.append(final_length(info, 0))
+            keys.append(info.key)
+        arrivals = Workload.from_arrays(f"window-{index}", ready, prompts, outputs, keys)
+        observed = self._observed(window)
+        self._release_refs(window)
+        return WindowSpec(
+            self.fleet,
+            index,
+            window.t_start,
+            window.t_end,
+            len(window.workers),
+            window.batch,
+            step_model,
+            self.config.policies,
+            self.config.incumbent,
+            self.config.balance_route,
+            tuple(initial),
+            arrivals,
+            observed,
+            window.history,
+            imputed,
+        )
+
+    def close(self, t_end: float) -> None:
+        """End the open window at `t_end` (the end of a recorded log)."""
+        window = self.current
+        if window is not None and window.t_end is None and t_end > window.t_start:
+            window.t_end = t_end
+
+    def discard(self, index: int) -> None:
+        """Forget a window without evaluating it (already stored before a restart)."""
+        self._release_refs(self.windows.pop(index))
+
+    def _release_refs(self, window: _Window) -> None:
+        for rid in window.request_ids():
+            info = self.requests.get(rid)
+            if info is not None:
+                info.refs -= 1
+                if info.refs <= 0:
+                    del self.requests[rid]
+
+    def _observed(self, window: _Window) -> dict[str, float]:
+        assert window.t_end is not None
+        steps = sorted(s for s in window.steps if window.step_start[s] >= window.t_start - 1e-9)
+        workers = len(window.workers)
+        loads = np.zeros((len(steps), workers), dtype=np.int64)
+        for row, step in enumerate(steps):
+            for g, kv in window.steps[step].items():
+                loads[row, g] = kv
+        running = np.array([window.step_running[s] for s in steps], dtype=np.int64)
+        keep = running > 0  # steps with no active request are not steps
+        tpot, wait = [], []
+        for rid in window.pool + window.arrivals:
+            info = self.requests.get(rid)
+            if info is None or info.dispatch_ts is None:
+                continue
+            if info.ready_ts is not None:
+                wait.append((info.dispatch_ts - max(info.ready_ts, window.t_start)) * 1000.0)
+            if info.finish_ts is not None and info.output:
+                tpot.append((info.finish_ts - info.dispatch_ts) * 1000.0 / info.output)
+        return _span_metrics(
+            np.array([window.step_start[s] for s in steps])[keep],
+            np.array([window.step_duration[s] for s in steps])[keep],
+            loads[keep],
+            running[keep],
+            window.t_end - window.t_start,
+            np.array(tpot),
+            np.array(wait),
+        )
