@@ -6,19 +6,24 @@ F-scores are given in both forms: BR-0's (the exact change of the current gap) a
 BR-H's (the discounted horizon, scored with a Survival predictor that learns from the
 fleet's completed requests).
 
-The audit works on plain data (a snapshot, the request, the completed lengths to learn
-from), so it can run in the ingest process or in a worker process beside it; jobs must
-arrive in stream order, learning before the dispatches that follow it.
+The audit runs in an `AuditFollower`: it follows the applied event stream with its own
+replica of the mirror (through the same `FleetCore` as the ingest path) and audits the
+dispatches it is told to, on the replica frozen just before each. So it can run in a
+worker process beside the ingest process: what crosses is compact event tuples one way
+and decisions the other, never snapshots.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from shadow.fleet import FleetCore, StreamItem
+from shadow.invariants import InvariantConfig
 from shadow.policies import (
     BalanceRouteConfig,
     BalanceRouteHorizon,
@@ -28,6 +33,7 @@ from shadow.policies import (
     horizon_scores,
     make_policy,
 )
+from shadow.policies.snapshot import NO_KEY
 from shadow.predict.predictors import SurvivalPredictor
 
 DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
@@ -60,10 +66,8 @@ class Decision(NamedTuple):
     f_brh_best: float
     mirror_jsq_agrees: bool
     router_view_agrees: bool | None
-    workers: tuple[str, ...]
-    loads: tuple[int, ...]
-    active: tuple[int, ...]
-    capacity: tuple[int, ...]
+    #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity"}
+    snapshot: str
 
 
 @dataclass(frozen=True)
@@ -80,14 +84,6 @@ class AuditJob:
     incumbent_policy: str
     router_view: Mapping[str, object] | None
     snapshot: FleetSnapshot
-
-
-@dataclass(frozen=True)
-class LearnJob:
-    """Output lengths of requests completed since the previous job (stream order)."""
-
-    fleet: str
-    lengths: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -118,10 +114,16 @@ def _router_view_jsq(workers: Sequence[str], view: Mapping[str, object]) -> str 
 class Auditor:
     """Audits one fleet's dispatches against the configured shadow policies."""
 
-    def __init__(self, fleet: str, config: AuditConfig | None = None) -> None:
+    def __init__(
+        self,
+        fleet: str,
+        config: AuditConfig | None = None,
+        predictor: SurvivalPredictor | None = None,
+    ) -> None:
+        """`predictor` learns from the fleet's completed requests (the mirror's own)."""
         self.fleet = fleet
         self.config = config or AuditConfig()
-        self.predictor = SurvivalPredictor()
+        self.predictor = predictor if predictor is not None else SurvivalPredictor()
         self.policies: dict[str, Policy] = {
             name: make_policy(
                 name,
@@ -180,10 +182,15 @@ class Auditor:
             jsq_choice = self._jsq.admit(snapshot, pool)[0].worker
         view_choice = _router_view_jsq(workers, job.router_view) if job.router_view else None
 
-        worker_names = tuple(str(w) for w in workers)
-        load_list = tuple(loads.tolist())
-        active_list = tuple(snapshot.active_count.tolist())
-        capacity_list = tuple(snapshot.capacity.tolist())
+        frozen = json.dumps(
+            {
+                "workers": [str(w) for w in workers],
+                "loads": loads.tolist(),
+                "active": snapshot.active_count.tolist(),
+                "capacity": snapshot.capacity.tolist(),
+            },
+            separators=(",", ":"),
+        )
         br0_best = float(br0[scored].max())
         brh_best = float(brh[scored].max())
         decisions = []
@@ -208,48 +215,67 @@ class Auditor:
                     brh_best,
                     jsq_choice == job.incumbent_worker,
                     None if view_choice is None else view_choice == job.incumbent_worker,
-                    worker_names,
-                    load_list,
-                    active_list,
-                    capacity_list,
+                    frozen,
                 )
             )
         return AuditOutcome(self.fleet, job.ingest_id, tuple(decisions), tuple(invalid))
 
 
-class AuditEngine:
-    """Runs audit and learn jobs for every fleet, in order."""
+class AuditFollower:
+    """Follows the applied stream of every fleet with a replica mirror, and audits."""
 
-    def __init__(self, config: AuditConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: AuditConfig | None = None,
+        invariants: InvariantConfig | None = None,
+        sweep_every_s: float = 5.0,
+    ) -> None:
         self.config = config or AuditConfig()
-        self.auditors: dict[str, Auditor] = {}
+        self.invariants = invariants
+        self.sweep_every_s = sweep_every_s
+        self.fleets: dict[str, tuple[FleetCore, Auditor]] = {}
 
-    def _auditor(self, fleet: str) -> Auditor:
-        auditor = self.auditors.get(fleet)
-        if auditor is None:
-            auditor = self.auditors[fleet] = Auditor(fleet, self.config)
-        return auditor
+    def _fleet(self, fleet: str) -> tuple[FleetCore, Auditor]:
+        pair = self.fleets.get(fleet)
+        if pair is None:
+            core = FleetCore(fleet, self.invariants, self.sweep_every_s)
+            pair = self.fleets[fleet] = (core, Auditor(fleet, self.config, core.mirror.predictor))
+        return pair
 
-    def run(self, jobs: Sequence[AuditJob | LearnJob]) -> list[AuditOutcome]:
+    def run(self, stream: Sequence[StreamItem]) -> list[AuditOutcome]:
         outcomes = []
-        for job in jobs:
-            if isinstance(job, LearnJob):
-                self._auditor(job.fleet).learn(job.lengths)
-            else:
-                outcomes.append(self._auditor(job.fleet).audit(job))
+        for item in stream:
+            core, auditor = self._fleet(item[2])
+            if item[0] == "dispatch" and item[5] is not None:
+                ingest_id, policy, view = item[5]
+                mirror = core.mirror
+                request = mirror.requests.get(item[3])
+                outcomes.append(
+                    auditor.audit(
+                        AuditJob(
+                            ingest_id, item[2], item[1], item[3],
+                            request.prompt_tokens if request is not None else 0,
+                            request.prompt_key if request is not None else int(NO_KEY),
+                            item[4], policy, view, mirror.snapshot(),
+                        )
+                    )
+                )  # fmt: skip
+            core.apply_item(item)
         return outcomes
 
 
-#: The engine of a worker process (set by `start_worker`).
-_WORKER_ENGINE: AuditEngine | None = None
+#: The follower of a worker process (set by `start_worker`).
+_WORKER: AuditFollower | None = None
 
 
-def start_worker(config: AuditConfig) -> None:
-    """Process-pool initializer: one engine per worker process, alive across batches."""
-    global _WORKER_ENGINE
-    _WORKER_ENGINE = AuditEngine(config)
+def start_worker(
+    config: AuditConfig, invariants: InvariantConfig | None, sweep_every_s: float
+) -> None:
+    """Process-pool initializer: one follower per worker process, alive across batches."""
+    global _WORKER
+    _WORKER = AuditFollower(config, invariants, sweep_every_s)
 
 
-def run_in_worker(jobs: Sequence[AuditJob | LearnJob]) -> list[AuditOutcome]:
-    assert _WORKER_ENGINE is not None, "start_worker was not run in this process"
-    return _WORKER_ENGINE.run(jobs)
+def run_in_worker(stream: Sequence[StreamItem]) -> list[AuditOutcome]:
+    assert _WORKER is not None, "start_worker was not run in this process"
+    return _WORKER.run(stream)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -362,6 +363,96 @@ def replay(
                 {name: r.worker_active for name, r in results.items()},
             )
         console.print(f"stored as run {run_id} in {db}")
+
+
+def _settings(config: Path | None, **overrides: object):
+    from shadow.service.settings import load_settings
+
+    try:
+        return load_settings(config, **overrides)
+    except ValueError as error:
+        raise fail(str(error), code=2) from None
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    db: Annotated[Path | None, typer.Option(help="DuckDB file (default shadow.duckdb).")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="TOML settings file (see docs/SERVICE.md).")
+    ] = None,
+) -> None:
+    """Run the shadow service: ingest, mirror, audit, invariants, windows, JSON API."""
+    import uvicorn
+
+    from shadow.service.app import create_app
+
+    settings = _settings(config, host=host, port=port, db=db)
+    console.print(
+        f"shadow service on http://{settings.host}:{settings.port}  "
+        f"(API docs at /docs, database {settings.db})"
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+@app.command()
+def ingest(
+    events: Annotated[Path, typer.Argument(help="Event log (NDJSON, optionally .gz).")],
+    db: Annotated[Path | None, typer.Option(help="DuckDB file (default shadow.duckdb).")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+    batch: Annotated[int, typer.Option(min=1, help="Events per committed batch.")] = 10_000,
+    windows: Annotated[
+        bool, typer.Option(help="Replay windows counterfactually (--no-windows to skip).")
+    ] = True,
+    show_errors: Annotated[int, typer.Option(help="Rejected events to list.")] = 20,
+) -> None:
+    """Ingest a recorded event log through the same path as POST /v1/events."""
+    from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
+
+    from ingest.events import iter_file
+    from shadow.service.runtime import DatabaseBusy, Runtime
+
+    if not events.exists():
+        raise fail(f"{events}: no such file", code=2)
+    settings = _settings(config, db=db, windows=windows)
+    try:
+        runtime = Runtime(settings)
+    except DatabaseBusy as error:
+        raise fail(str(error)) from None
+    totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
+    errors = []
+    started = time.perf_counter()
+    try:
+        columns = (
+            SpinnerColumn(),
+            "[progress.description]{task.description}",
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console) as bar:
+            task = bar.add_task("events", total=None)
+            for pairs, rejected in iter_file(events, batch_size=batch):
+                result = runtime.pipeline.submit(pairs, rejected)
+                for key in totals:
+                    totals[key] += getattr(result, key)
+                errors.extend(rejected[: max(0, show_errors - len(errors))])
+                bar.update(task, completed=sum(totals.values()))
+            bar.update(task, description="events applied; replaying windows")
+            runtime.pipeline.finish()
+    finally:
+        runtime.close()
+    elapsed = time.perf_counter() - started
+    for error in errors:
+        err_console.print(f"[yellow]rejected[/yellow] {error.describe()}")
+    rate = (totals["accepted"] + totals["duplicates"]) / elapsed if elapsed else 0.0
+    console.print(
+        f"{events}: {totals['accepted']:,} accepted, {totals['duplicates']:,} duplicates, "
+        f"{totals['rejected']:,} rejected in {elapsed:.1f} s ({rate:,.0f} events/s); "
+        f"{runtime.pipeline.windows_evaluated} windows replayed; stored in {settings.db}"
+    )
+    if totals["rejected"]:
+        raise typer.Exit(1)
 
 
 @bench_app.command("replay")

@@ -9,9 +9,12 @@ their observed times, on the calibrated step model. A window is evaluated once e
 request in it has finished, or after `max_lag_s` with the unfinished lengths imputed by
 the Survival predictor (the window is flagged).
 
-Window metrics cover the steps that start inside the window. TPOT here is
-`(finish - dispatch) / output_tokens` for requests that arrived in the window, for the
-observed and the replayed run alike, because the tap sees dispatch and finish times.
+Window metrics cover the steps that start inside the window. A window's replay holds
+only its own arrivals, so whatever runs past its end meets a lighter fleet than it really
+did; every metric is therefore measured inside the window, for the observed and the
+replayed run alike. TPOT is per request active in the window: the time between its first
+and last token inside the window over the tokens between them (requests with at least two
+tokens there). Pool wait is over the window's arrivals.
 `evaluate_window` is a pure function of a picklable `WindowSpec`, so it can run in a
 worker process off the ingest path.
 """
@@ -171,11 +174,12 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
             initial=spec.initial,
         )
         inside = result.step_start_ms < span_ms
-        ends = result.step_end_ms
+        ends = result.step_end_ms[inside]
+        last_step = ends.shape[0] - 1
+        first = np.maximum(result.admit_step, 0)
+        last = np.minimum(result.finish_step, last_step)
+        tpot = _tpot_inside(ends, first, last)
         trace = np.arange(result.output_tokens.shape[0]) < trace_count
-        tpot = (ends[result.finish_step[trace]] - result.admit_ms[trace]) / result.output_tokens[
-            trace
-        ]
         wait = result.admit_ms[trace] - result.ready_ms[trace]
         metrics[name] = _span_metrics(
             result.step_start_ms[inside],
@@ -205,6 +209,15 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
     )
 
 
+def _tpot_inside(ends: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Per request, mean ms per token between its first and last step inside the window
+    (`first`/`last` index `ends`; requests with fewer than two steps there are skipped)."""
+    keep = (last - first >= 1) & (first >= 0) & (last < ends.shape[0])
+    if not keep.any():
+        return np.empty(0)
+    return (ends[last[keep]] - ends[first[keep]]) / (last[keep] - first[keep])
+
+
 def _ratio(a: float, b: float) -> float:
     if b == 0:
         return 1.0 if a == 0 else math.inf
@@ -223,13 +236,20 @@ class WindowTracker:
         self.requests: dict[str, _Request] = {}
         self._next_boundary: float | None = None
         self._pending_cut: float | None = None
+        self._has_steps = False
         self._count = 0
         self._history: list[int] = []
 
     # -- the applied stream ---------------------------------------------------------
 
     def before_event(self, kind: str, ts: float) -> None:
-        """Call before the mirror applies each event: cuts windows at step boundaries."""
+        """Call before the mirror applies each event: cuts windows at step boundaries.
+
+        With step telemetry, a window ends only where a step ends (after that step's
+        completions, before the next dispatches), never inside a step; other events cross
+        the nominal boundary freely. Only an idle fleet (nothing decoding), or one without
+        step telemetry, is cut at the nominal boundary itself.
+        """
         if self._next_boundary is None:
             self._open(ts)
             return
@@ -239,11 +259,14 @@ class WindowTracker:
                 self._open(self._pending_cut)
                 self._pending_cut = None
             return
-        if ts >= self._next_boundary:
-            if kind == "engine_step":
-                self._pending_cut = ts  # cut after this step's completions
-            else:
-                self._open(self._next_boundary if ts > self._next_boundary else ts)
+        if kind == "engine_step":
+            self._has_steps = True
+        if ts < self._next_boundary:
+            return
+        if kind == "engine_step":
+            self._pending_cut = ts  # cut after this step's completions
+        elif not self._has_steps or not any(w.active for w in self.mirror.order):
+            self._open(self._next_boundary)
 
     def _open(self, t_start: float) -> None:
         if self.current is not None:
@@ -426,21 +449,29 @@ class WindowTracker:
                 loads[row, g] = kv
         running = np.array([window.step_running[s] for s in steps], dtype=np.int64)
         keep = running > 0  # steps with no active request are not steps
-        tpot, wait = [], []
+        starts = np.array([window.step_start[s] for s in steps])
+        ends = starts + np.array([window.step_duration[s] for s in steps]) / 1000.0
+        firsts, lasts, wait = [], [], []
+        for rid in window.request_ids():
+            info = self.requests.get(rid)
+            if info is None:
+                continue
+            dispatched = -np.inf if info.dispatch_ts is None else info.dispatch_ts
+            finished = np.inf if info.finish_ts is None else info.finish_ts
+            firsts.append(np.searchsorted(starts, dispatched - 1e-9, side="left"))
+            lasts.append(np.searchsorted(ends, finished + 1e-9, side="right") - 1)
         for rid in window.pool + window.arrivals:
             info = self.requests.get(rid)
-            if info is None or info.dispatch_ts is None:
-                continue
-            if info.ready_ts is not None:
+            if info is not None and info.dispatch_ts is not None and info.ready_ts is not None:
                 wait.append((info.dispatch_ts - max(info.ready_ts, window.t_start)) * 1000.0)
-            if info.finish_ts is not None and info.output:
-                tpot.append((info.finish_ts - info.dispatch_ts) * 1000.0 / info.output)
+        tpot = _tpot_inside(ends * 1000.0, np.array(firsts, dtype=np.int64),
+                            np.array(lasts, dtype=np.int64))  # fmt: skip
         return _span_metrics(
-            np.array([window.step_start[s] for s in steps])[keep],
+            starts[keep],
             np.array([window.step_duration[s] for s in steps])[keep],
             loads[keep],
             running[keep],
             window.t_end - window.t_start,
-            np.array(tpot),
+            tpot,
             np.array(wait),
         )

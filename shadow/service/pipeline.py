@@ -16,7 +16,8 @@ from __future__ import annotations
 import heapq
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -26,18 +27,10 @@ import numpy as np
 
 from analysis.stepmodel import StepModelFit, fit_step_model
 from ingest.events import EventError
-from shadow.audit import (
-    AuditConfig,
-    AuditEngine,
-    AuditJob,
-    AuditOutcome,
-    Decision,
-    LearnJob,
-    run_in_worker,
-)
-from shadow.invariants import InvariantChecker, InvariantConfig, Violation
-from shadow.mirror import NATURAL_FINISH, FleetMirror
-from shadow.policies.snapshot import NO_KEY
+from shadow.audit import AuditConfig, AuditFollower, AuditOutcome, Decision, run_in_worker
+from shadow.fleet import FleetCore, StreamItem
+from shadow.invariants import InvariantConfig, Violation
+from shadow.mirror import NATURAL_FINISH
 from shadow.service.store import EventBatch, ServiceStore
 from shadow.windows import WindowConfig, WindowResult, WindowTracker, evaluate_window
 from shadow.workload import StepModel
@@ -118,22 +111,64 @@ class _RecentInts:
             self.gaps = set(range(low, self.high + 1)) - values
 
 
+class _ReorderBuffer:
+    """Events waiting for their turn, released in `(ts, class order, ingest_id)` order.
+
+    Streams are nearly always in order, so entries that sort after the last one go to a
+    deque (no heap work); stragglers go to a heap, and release merges the two.
+    """
+
+    def __init__(self) -> None:
+        self._ordered: deque[tuple[float, int, int, Any]] = deque()
+        self._late: list[tuple[float, int, int, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._ordered) + len(self._late)
+
+    def push(self, entry: tuple[float, int, int, Any]) -> None:
+        ordered = self._ordered
+        if not ordered or entry[:3] >= ordered[-1][:3]:
+            ordered.append(entry)
+        else:
+            heapq.heappush(self._late, entry)
+
+    def pop_until(self, upto: float) -> Iterator[tuple[float, int, int, Any]]:
+        ordered, late = self._ordered, self._late
+        while True:
+            if late and (not ordered or late[0][:3] < ordered[0][:3]):
+                if late[0][0] > upto:
+                    return
+                yield heapq.heappop(late)
+            elif ordered:
+                if ordered[0][0] > upto:
+                    return
+                yield ordered.popleft()
+            else:
+                return
+
+    def lowest_id(self) -> int | None:
+        ids = [e[2] for e in self._late]
+        if self._ordered:
+            ids.append(min(e[2] for e in self._ordered))
+        return min(ids) if ids else None
+
+
 class FleetState:
     """Everything the service knows of one fleet."""
 
     def __init__(self, fleet: str, config: PipelineConfig) -> None:
         self.fleet = fleet
-        self.mirror = FleetMirror(fleet)
-        self.checker = InvariantChecker(fleet, config.invariants)
-        self.learned: list[int] = []  # completed lengths the audit has not learned yet
+        self.core = FleetCore(fleet, config.invariants, config.ghost_sweep_every_s)
+        self.mirror = self.core.mirror
+        self.checker = self.core.checker
         self.tracker = WindowTracker(fleet, self.mirror, config.windows)
         self.step_samples: list[tuple[int, int, float, float]] = []  # step, kv, ms, ts
         self.fit: StepModelFit | None = None
-        self.load_mismatches = 0
+        #: engine steps where the mirror's load or active count differed from the engine's
+        self.state_mismatches = 0
         self.engine_steps = 0
         self.late_events = 0
         self.incumbent = "jsq"
-        self.next_sweep = 0.0
         self.stored_windows: set[int] = set()
 
 
@@ -154,16 +189,24 @@ class Pipeline:
         self.config = config or PipelineConfig()
         self.executor = executor
         self.audit_executor = audit_executor
-        self._audit_engine = AuditEngine(self.config.audit)
+        self._follower = (
+            AuditFollower(
+                self.config.audit, self.config.invariants, self.config.ghost_sweep_every_s
+            )
+            if audit_executor is None
+            else None
+        )
         self._audit_done: list[AuditOutcome] = []
         self._audit_pending: list[tuple[float, Future[list[AuditOutcome]]]] = []
         self.fleets: dict[str, FleetState] = {}
         self.lock = threading.RLock()
-        self._buffer: list[tuple[float, int, int, Any]] = []
+        self._buffer = _ReorderBuffer()
         self._max_ts = float("-inf")
         self._last_applied: tuple[float, int] = (float("-inf"), -1)
         self._next_id = 1
         self._seqs: dict[tuple[str, str], _RecentInts] = {}
+        self._last_source: tuple[str, str] | None = None
+        self._last_memory: _RecentInts | None = None
         self._steps_seen: dict[tuple[str, str], _RecentInts] = {}
         self._progress_seen: dict[tuple[str, str], int] = {}
         self._pending_windows: list[tuple[FleetState, Future[WindowResult]]] = []
@@ -186,7 +229,7 @@ class Pipeline:
                 self._seq_memory(fleet, source).seed(seqs)
             count = 0
             violations: list[tuple[int, Violation]] = []
-            jobs: list[AuditJob | LearnJob] = []
+            stream: list[StreamItem] = []
             for ts, _, ingest_id, kind, fields in self.store.stored_events():
                 event = _stored_event(kind, fields)
                 if kind == "engine_step":
@@ -194,11 +237,11 @@ class Pipeline:
                 elif kind == "progress":
                     self._progress_seen[(event.fleet, event.request_id)] = event.generated
                 derive = ingest_id > applied_through
-                self._apply(event, ingest_id, violations, jobs, derive=derive)
+                self._apply(event, ingest_id, violations, stream, derive=derive)
                 self._last_applied = (ts, ORDER[kind])
                 self._max_ts = max(self._max_ts, ts)
                 count += 1
-            self._audit(jobs)
+            self._audit(stream)
             decisions, audited = self._collect_audits(wait=True)
             self.store.commit(
                 EventBatch(), self._next_id, decisions, violations + audited, self._checkpoint()
@@ -270,7 +313,7 @@ class Pipeline:
             if fresh:
                 self._next_id = next_id
                 for entry in fresh:
-                    heapq.heappush(self._buffer, entry)
+                    self._buffer.push(entry)
                     if entry[0] > self._max_ts:
                         self._max_ts = entry[0]
                 self._release(self._max_ts - self.config.reorder_window_s, batch)
@@ -298,18 +341,16 @@ class Pipeline:
         """Apply buffered events up to `upto`, then commit `batch` (the events being
         acknowledged) with everything derived, in one transaction."""
         violations: list[tuple[int, Violation]] = []
-        jobs: list[AuditJob | LearnJob] = []
-        buffer = self._buffer
+        stream: list[StreamItem] = []
         applied = 0
-        while buffer and buffer[0][0] <= upto:
-            ts, order, ingest_id, event = heapq.heappop(buffer)
+        for ts, order, ingest_id, event in self._buffer.pop_until(upto):
             if (ts, order) < self._last_applied:
                 self._fleet(event.fleet).late_events += 1
             else:
                 self._last_applied = (ts, order)
-            self._apply(event, ingest_id, violations, jobs, derive=True)
+            self._apply(event, ingest_id, violations, stream, derive=True)
             applied += 1
-        self._audit(jobs)
+        self._audit(stream)
         decisions, audited = self._collect_audits()
         if batch is not None or applied or decisions:
             try:
@@ -329,8 +370,9 @@ class Pipeline:
     def _checkpoint(self) -> int:
         """The highest ingest id through which every event is applied and audited."""
         through = self._next_id - 1
-        if self._buffer:
-            through = min(through, min(e[2] for e in self._buffer) - 1)
+        lowest = self._buffer.lowest_id()
+        if lowest is not None:
+            through = min(through, lowest - 1)
         for first, _ in self._audit_pending:  # batches of learning only have no first id
             if first != float("inf"):
                 through = min(through, int(first) - 1)
@@ -339,15 +381,18 @@ class Pipeline:
 
     # -- the decision audit ---------------------------------------------------------
 
-    def _audit(self, jobs: list[AuditJob | LearnJob]) -> None:
-        if not jobs:
+    def _audit(self, stream: list[StreamItem]) -> None:
+        """Hand the applied stream to the audit follower (here, or in its process)."""
+        if not stream:
             return
-        if self.audit_executor is None:
-            self._audit_done.extend(self._audit_engine.run(jobs))
+        if self._follower is not None:
+            self._audit_done.extend(self._follower.run(stream))
             return
-        first = min((j.ingest_id for j in jobs if isinstance(j, AuditJob)), default=None)
-        future = self.audit_executor.submit(run_in_worker, jobs)
-        self._audit_pending.append((first if first is not None else float("inf"), future))
+        first = next(
+            (item[5][0] for item in stream if item[0] == "dispatch" and item[5] is not None),
+            float("inf"),
+        )
+        self._audit_pending.append((first, self.audit_executor.submit(run_in_worker, stream)))
 
     def _collect_audits(
         self, wait: bool = False
@@ -392,88 +437,83 @@ class Pipeline:
         event: Any,
         ingest_id: int,
         violations: list[tuple[int, Violation]],
-        jobs: list[AuditJob | LearnJob],
+        stream: list[StreamItem],
         *,
         derive: bool,
     ) -> None:
         state = self._fleet(event.fleet)
-        mirror, checker = state.mirror, state.checker
-        kind, ts = event.type, event.ts
+        core, mirror = state.core, state.mirror
+        kind, ts, fleet = event.type, event.ts, event.fleet
         windows = self.config.windows_enabled
+        audit = self.config.audit_enabled
+        tracker = state.tracker
         if windows:
-            state.tracker.before_event(kind, ts)
-        found: list[Violation] = []
+            tracker.before_event(kind, ts)
         if kind == "engine_step":
             worker = mirror.workers.get(event.worker)
             load = worker.load if worker is not None else 0
             kv = event.kv_tokens if event.kv_tokens is not None else load
-            if event.kv_tokens is not None and event.kv_tokens != load:
-                state.load_mismatches += 1
-            found = checker.on_engine_step(mirror, ts, event.worker, event.running)
-            if mirror.apply_engine_step(ts, event.worker, event.step) is not None:
+            active = len(worker.active) if worker is not None else 0
+            if (event.kv_tokens is not None and event.kv_tokens != load) or active != event.running:
+                state.state_mismatches += 1
+            found, counted = core.engine_step(ts, event.worker, event.step, event.running)
+            if counted is not None:
                 state.engine_steps += 1
+                state.step_samples.append((event.step, kv, event.duration_ms, ts))
                 if windows:
-                    state.tracker.on_engine_step(
+                    tracker.on_engine_step(
                         ts, event.worker, event.step, event.duration_ms, event.running, kv
                     )
-                state.step_samples.append((event.step, kv, event.duration_ms, ts))
+            if audit:
+                stream.append((kind, ts, fleet, event.worker, event.step, event.running))
         elif kind == "progress":
-            found = checker.before_progress(mirror, ts, event.request_id, event.generated)
-            mirror.apply_progress(ts, event.request_id, event.generated)
-            info = state.tracker.requests.get(event.request_id) if windows else None
-            if info is not None:
-                info.progress = max(info.progress, event.generated)
-        elif kind == "dispatch":
-            found = checker.before_dispatch(mirror, ts, event.request_id, event.worker)
-            request = mirror.requests.get(event.request_id)
-            first = request is None or (request.worker is None and not request.finished)
-            if derive and first and self.config.audit_enabled and event.worker in mirror.workers:
-                if state.learned:
-                    jobs.append(LearnJob(state.fleet, tuple(state.learned)))
-                    state.learned.clear()
-                view = event.router_view
-                if view is not None:
-                    view = {
-                        k: v.model_dump() if hasattr(v, "model_dump") else v
-                        for k, v in view.items()
-                    }
-                jobs.append(
-                    AuditJob(
-                        ingest_id,
-                        state.fleet,
-                        ts,
-                        event.request_id,
-                        request.prompt_tokens if request is not None else 0,
-                        request.prompt_key if request is not None else int(NO_KEY),
-                        event.worker,
-                        event.policy,
-                        view,
-                        mirror.snapshot(),
-                    )
-                )
-            mirror.apply_dispatch(ts, event.request_id, event.worker)
+            found = core.progress(ts, event.request_id, event.generated)
             if windows:
-                state.tracker.on_dispatch(ts, event.request_id)
+                info = tracker.requests.get(event.request_id)
+                if info is not None and event.generated > info.progress:
+                    info.progress = event.generated
+            if audit:
+                stream.append((kind, ts, fleet, event.request_id, event.generated))
+        elif kind == "dispatch":
+            if audit:
+                request = mirror.requests.get(event.request_id)
+                first = request is None or (request.worker is None and not request.finished)
+                audited = None
+                if derive and first and event.worker in mirror.workers:
+                    view = event.router_view
+                    if view is not None:
+                        view = {
+                            k: v.model_dump() if hasattr(v, "model_dump") else v
+                            for k, v in view.items()
+                        }
+                    audited = (ingest_id, event.policy, view)
+                stream.append((kind, ts, fleet, event.request_id, event.worker, audited))
+            found = core.dispatch(ts, event.request_id, event.worker)
+            if windows:
+                tracker.on_dispatch(ts, event.request_id)
             if event.policy and event.policy != "unknown":
                 state.incumbent = event.policy
         elif kind == "finish":
-            found = checker.before_finish(mirror, ts, event.request_id)
-            done = mirror.apply_finish(ts, event.request_id, event.output_tokens, event.reason)
-            if done is not None:
+            found, done = core.finish(ts, event.request_id, event.output_tokens, event.reason)
+            if done is not None and windows:
                 natural = event.reason in NATURAL_FINISH
-                if windows:
-                    state.tracker.on_finish(ts, event.request_id, event.output_tokens, natural)
-                if natural and event.output_tokens >= 1 and self.config.audit_enabled:
-                    state.learned.append(event.output_tokens)
+                tracker.on_finish(ts, event.request_id, event.output_tokens, natural)
+            if audit:
+                stream.append(
+                    (kind, ts, fleet, event.request_id, event.output_tokens, event.reason)
+                )
         elif kind == "ready":
-            ready = mirror.apply_ready(ts, event.request_id, event.prompt_tokens, event.prompt_hash)
+            found, ready = core.ready(ts, event.request_id, event.prompt_tokens, event.prompt_hash)
             if ready is not None and windows:
-                state.tracker.on_ready(ts, event.request_id)
+                tracker.on_ready(ts, event.request_id)
+            if audit:
+                stream.append(
+                    (kind, ts, fleet, event.request_id, event.prompt_tokens, event.prompt_hash)
+                )
         else:
-            mirror.apply_worker(ts, event.worker, event.capacity, event.state)
-        if ts >= state.next_sweep:
-            found += checker.sweep_ghosts(mirror)
-            state.next_sweep = ts + self.config.ghost_sweep_every_s
+            found = core.worker(ts, event.worker, event.capacity, event.state)
+            if audit:
+                stream.append((kind, ts, fleet, event.worker, event.capacity, event.state))
         if derive and found:
             violations.extend((ingest_id, v) for v in found)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ STEP_COLUMNS = (
     "kv_tokens", "waiting",
 )  # fmt: skip
 PROGRESS_COLUMNS = ("fleet", "request_id", "generated", "ts", "ingest_id")
+#: `ingest_id` then the fields of `shadow.audit.Decision`, in order.
 DECISION_COLUMNS = (
     "ingest_id", "fleet", "ts", "request_id", "prompt_tokens", "incumbent_worker",
     "incumbent_policy", "policy", "choice", "agrees", "f_br0_incumbent", "f_br0_choice",
@@ -276,8 +276,4 @@ def _finite(value: Any) -> float | None:
 
 
 def _decision_row(ingest_id: int, d: Decision) -> tuple:
-    snapshot = json.dumps(
-        {"workers": d.workers, "loads": d.loads, "active": d.active, "capacity": d.capacity},
-        separators=(",", ":"),
-    )
-    return (ingest_id, *[getattr(d, c) for c in DECISION_COLUMNS[1:-1]], snapshot)
+    return (ingest_id, *d)

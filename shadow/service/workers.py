@@ -8,15 +8,19 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 from shadow.audit import AuditConfig, start_worker
+from shadow.invariants import InvariantConfig
 
 
-def audit_worker(config: AuditConfig) -> ProcessPoolExecutor:
-    """One process holding the audit engine (its predictors persist across batches)."""
+def audit_worker(
+    config: AuditConfig, invariants: InvariantConfig | None = None, sweep_every_s: float = 5.0
+) -> ProcessPoolExecutor:
+    """One process holding the audit follower (its replica mirror persists across
+    batches); give it the pipeline's invariant settings so ghost sweeps match."""
     return ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=start_worker,
-        initargs=(config,),
+        initargs=(config, invariants, sweep_every_s),
     )
 
 

@@ -1,0 +1,291 @@
+"""The HTTP face of the service: thin handlers that translate between HTTP and the core.
+
+`POST /v1/events` takes NDJSON or a JSON array; everything else reads. OpenAPI at `/docs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from ingest.events import parse_body
+from shadow import __version__
+from shadow.policies.fscore import gap, imbalance
+from shadow.service.pipeline import FleetState
+from shadow.service.runtime import Runtime
+from shadow.service.settings import ServiceSettings
+
+PAGE_MAX = 1000
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: _clean(v) for k, v in row.items()} for row in rows]
+
+
+def create_app(settings: ServiceSettings) -> FastAPI:
+    state: dict[str, Any] = {"last_submit": 0.0}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await run_in_threadpool(Runtime, settings)
+        state["runtime"] = runtime
+        flusher = asyncio.create_task(_idle_flush())
+        try:
+            yield
+        finally:
+            flusher.cancel()
+            await run_in_threadpool(runtime.close)
+
+    async def _idle_flush() -> None:
+        """Apply what the reorder window holds once the stream goes quiet."""
+        while True:
+            await asyncio.sleep(settings.idle_flush_s / 2)
+            runtime: Runtime = state["runtime"]
+            quiet = time.monotonic() - state["last_submit"] > settings.idle_flush_s
+            if quiet and not runtime.pipeline.broken:
+                await run_in_threadpool(_flush, runtime)
+
+    def _flush(runtime: Runtime) -> None:
+        runtime.pipeline.drain()
+        with runtime.pipeline.lock:
+            runtime.pipeline.collect_windows()
+
+    app = FastAPI(
+        title="balanceroute-shadow",
+        version=__version__,
+        description="Shadow-mode evaluation of BalanceRoute against the incumbent router.",
+        lifespan=lifespan,
+    )
+
+    def runtime() -> Runtime:
+        return state["runtime"]
+
+    def fleet_state(fleet: str) -> FleetState:
+        found = runtime().pipeline.fleets.get(fleet)
+        if found is None:
+            raise HTTPException(404, f"unknown fleet {fleet!r}")
+        return found
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        pipeline = runtime().pipeline
+        return {"ok": not pipeline.broken, "version": __version__}
+
+    @app.post("/v1/events")
+    async def post_events(request: Request) -> JSONResponse:
+        """Ingest a batch (NDJSON or a JSON array). Valid events are stored even when
+        others in the batch are rejected; each rejection names its position and field."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
+            raise HTTPException(413, f"body of {declared} bytes exceeds {settings.max_body_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > settings.max_body_bytes:
+                raise HTTPException(413, f"body exceeds {settings.max_body_bytes} bytes")
+        state["last_submit"] = time.monotonic()
+        pipeline = runtime().pipeline
+        if pipeline.broken:
+            raise HTTPException(503, "ingest stopped after a storage failure; restart the service")
+
+        def work() -> dict[str, Any]:
+            events, errors = parse_body(bytes(body), request.headers.get("content-type"))
+            return pipeline.submit(events, errors).as_json()
+
+        result = await run_in_threadpool(work)
+        status = (
+            400 if result["rejected"] and not (result["accepted"] or result["duplicates"]) else 200
+        )
+        return JSONResponse(result, status_code=status)
+
+    @app.post("/v1/flush")
+    def flush() -> dict[str, Any]:
+        """Apply everything the reorder window holds and store finished window replays."""
+        _flush(runtime())
+        return {"windows_evaluated": runtime().pipeline.windows_evaluated}
+
+    @app.get("/v1/fleets")
+    def fleets() -> list[dict[str, Any]]:
+        out = []
+        counts = {
+            r["fleet"]: r
+            for r in runtime().store.query(
+                "SELECT fleet, count(*) AS violations, "
+                "count(*) FILTER (WHERE severity = 'critical') AS critical "
+                "FROM violations GROUP BY fleet"
+            )
+        }
+        for name, fleet in runtime().pipeline.fleets.items():
+            mirror = fleet.mirror
+            out.append(
+                {
+                    "fleet": name,
+                    "workers": len(mirror.order),
+                    "active": int(sum(len(w.active) for w in mirror.order)),
+                    "pool": len(mirror.pool),
+                    "incumbent": fleet.incumbent,
+                    "last_event_ts": mirror.now,
+                    "violations": int(counts.get(name, {}).get("violations", 0)),
+                    "critical_violations": int(counts.get(name, {}).get("critical", 0)),
+                }
+            )
+        return out
+
+    @app.get("/v1/fleets/{fleet}/snapshot")
+    def snapshot(fleet: str) -> dict[str, Any]:
+        """The mirror now: per worker capacity, state, active requests and KV load."""
+        found = fleet_state(fleet)
+        mirror = found.mirror
+        with runtime().pipeline.lock:
+            workers = [
+                {
+                    "worker": w.worker_id,
+                    "capacity": w.capacity,
+                    "state": w.state,
+                    "active": len(w.active),
+                    "kv_tokens": w.load,
+                    "steps": w.steps,
+                }
+                for w in mirror.order
+            ]
+            loads = mirror.loads()
+        return {
+            "fleet": fleet,
+            "ts": mirror.now,
+            "workers": workers,
+            "pool": len(mirror.pool),
+            "imbalance": imbalance(loads) if len(loads) else None,
+            "gap": gap(loads) if len(loads) else None,
+            "engine_steps": found.engine_steps,
+            "state_mismatches": found.state_mismatches,
+            "late_events": found.late_events,
+        }
+
+    @app.get("/v1/fleets/{fleet}/decisions")
+    def decisions(
+        fleet: str,
+        disagreements_only: bool = False,
+        policy: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> dict[str, Any]:
+        """The decision audit, newest first, filtered and paginated."""
+        where = ["fleet = :fleet"]
+        params: dict[str, Any] = {"fleet": fleet, "limit": limit, "offset": offset}
+        if disagreements_only:
+            where.append("NOT agrees")
+        if policy is not None:
+            where.append("policy = :policy")
+            params["policy"] = policy
+        if since is not None:
+            where.append("ts >= :since")
+            params["since"] = since
+        if until is not None:
+            where.append("ts < :until")
+            params["until"] = until
+        clause = " AND ".join(where)
+        store = runtime().store
+        total = store.query(f"SELECT count(*) AS n FROM decisions WHERE {clause}", params)[0]["n"]
+        rows = store.query(
+            f"SELECT * FROM decisions WHERE {clause} "
+            "ORDER BY ts DESC, ingest_id DESC, policy LIMIT :limit OFFSET :offset",
+            params,
+        )
+        for row in rows:
+            row["snapshot"] = json.loads(row["snapshot"])
+        return {"total": int(total), "limit": limit, "offset": offset, "items": _rows(rows)}
+
+    @app.get("/v1/fleets/{fleet}/violations")
+    def violations(
+        fleet: str,
+        kind: str | None = None,
+        severity: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> dict[str, Any]:
+        where = ["fleet = :fleet"]
+        params: dict[str, Any] = {"fleet": fleet, "limit": limit, "offset": offset}
+        if kind is not None:
+            where.append("kind = :kind")
+            params["kind"] = kind
+        if severity is not None:
+            where.append("severity = :severity")
+            params["severity"] = severity
+        clause = " AND ".join(where)
+        store = runtime().store
+        total = store.query(f"SELECT count(*) AS n FROM violations WHERE {clause}", params)[0]["n"]
+        rows = store.query(
+            f"SELECT * FROM violations WHERE {clause} ORDER BY ts DESC, ingest_id DESC "
+            "LIMIT :limit OFFSET :offset",
+            params,
+        )
+        return {"total": int(total), "limit": limit, "offset": offset, "items": _rows(rows)}
+
+    @app.get("/v1/fleets/{fleet}/windows")
+    def windows(
+        fleet: str,
+        limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> dict[str, Any]:
+        """Evaluated windows with per-policy (and observed) metrics, oldest first."""
+        store = runtime().store
+        params = {"fleet": fleet, "limit": limit, "offset": offset}
+        total = store.query("SELECT count(*) AS n FROM windows WHERE fleet = :fleet", params)
+        rows = store.query(
+            "SELECT * FROM windows WHERE fleet = :fleet ORDER BY window_index "
+            "LIMIT :limit OFFSET :offset",
+            params,
+        )
+        if rows:
+            indices = [r["window_index"] for r in rows]
+            metrics = store.query(
+                "SELECT * FROM window_metrics WHERE fleet = :fleet AND window_index "
+                "BETWEEN :low AND :high",
+                {"fleet": fleet, "low": min(indices), "high": max(indices)},
+            )
+            by_window: dict[int, dict[str, Any]] = {}
+            for m in _rows(metrics):
+                policy = m.pop("policy")
+                index = m.pop("window_index")
+                m.pop("fleet")
+                by_window.setdefault(index, {})[policy] = m
+            for row in rows:
+                row["policies"] = by_window.get(row["window_index"], {})
+        return {"total": int(total[0]["n"]), "limit": limit, "offset": offset, "items": _rows(rows)}
+
+    @app.get("/v1/fleets/{fleet}/stepmodel")
+    def stepmodel(fleet: str) -> dict[str, Any]:
+        """The latest step-model fit (`T = a * max L + b`), or the defaults if none yet."""
+        rows = runtime().store.query(
+            "SELECT * FROM step_model_fits WHERE fleet = :fleet ORDER BY fitted_at DESC LIMIT 1",
+            {"fleet": fleet},
+        )
+        if rows:
+            return _rows(rows)[0]
+        return {
+            "fleet": fleet,
+            "a_ms_per_token": settings.step_a_ms_per_token,
+            "b_ms": settings.step_b_ms,
+            "fallback": True,
+            "reason": "no fit yet: configured defaults",
+            "n": 0,
+        }
+
+    return app

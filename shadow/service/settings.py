@@ -1,0 +1,105 @@
+"""One typed settings object for `shadow serve` and `shadow ingest`: defaults, then a
+TOML file, then `SHADOW_*` environment variables (flat names, e.g. `SHADOW_DB`)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shadow.audit import DEFAULT_SHADOW_POLICIES, AuditConfig
+from shadow.invariants import InvariantConfig
+from shadow.policies import POLICY_NAMES, BalanceRouteConfig
+from shadow.service.pipeline import PipelineConfig
+from shadow.windows import WindowConfig
+from shadow.workload import StepModel
+
+
+class ServiceSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    db: Path = Path("shadow.duckdb")
+    host: str = "127.0.0.1"
+    port: int = Field(8321, ge=0, le=65535)
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    reorder_window_s: float = Field(2.0, ge=0)
+    idle_flush_s: float = Field(0.5, gt=0)
+    audit: bool = True
+    audit_policies: list[str] = Field(default_factory=lambda: list(DEFAULT_SHADOW_POLICIES))
+    workers_processes: bool = True
+    windows: bool = True
+    window_s: float = Field(30.0, gt=0)
+    window_max_lag_s: float = Field(600.0, gt=0)
+    window_policies: list[str] = Field(
+        default_factory=lambda: ["jsq", "br0", "brh-survival", "brh-oracle"]
+    )
+    incumbent: str = "jsq"
+    ghost_ttl_s: float = Field(120.0, gt=0)
+    drift_samples: int = Field(3, ge=1)
+    step_a_ms_per_token: float = Field(1.2e-4, ge=0)
+    step_b_ms: float = Field(20.0, ge=0)
+    br_horizon: int = Field(80, ge=0)
+    br_alpha: float = Field(1.0, ge=0)
+    br_beta: float = Field(43.0, ge=0)
+    br_gamma: float = Field(0.86, gt=0, le=1)
+
+    def check(self) -> None:
+        unknown = [
+            p for p in [*self.audit_policies, *self.window_policies, self.incumbent]
+            if p not in POLICY_NAMES
+        ]  # fmt: skip
+        if unknown:
+            raise ValueError(
+                f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICY_NAMES)}"
+            )
+
+    def pipeline(self) -> PipelineConfig:
+        route = BalanceRouteConfig(
+            horizon=self.br_horizon, alpha=self.br_alpha, beta=self.br_beta, gamma=self.br_gamma
+        )
+        return PipelineConfig(
+            reorder_window_s=self.reorder_window_s,
+            audit_enabled=self.audit,
+            windows_enabled=self.windows,
+            default_step_model=StepModel(self.step_a_ms_per_token, self.step_b_ms),
+            audit=AuditConfig(tuple(self.audit_policies), route),
+            invariants=InvariantConfig(
+                ghost_ttl_s=self.ghost_ttl_s, drift_samples=self.drift_samples
+            ),
+            windows=WindowConfig(
+                length_s=self.window_s,
+                max_lag_s=self.window_max_lag_s,
+                policies=tuple(self.window_policies),
+                incumbent=self.incumbent,
+                balance_route=route,
+            ),
+        )
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> ServiceSettings:
+    """Defaults < TOML file < environment < explicit overrides (CLI options)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            values.update(tomllib.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            raise ValueError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"config file {path}: {error}") from None
+    for name in ServiceSettings.model_fields:
+        env = os.environ.get(f"SHADOW_{name.upper()}")
+        if env is not None:
+            values[name] = env.split(",") if name.endswith("_policies") else env
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        settings = ServiceSettings(**values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in error.errors()
+        )
+        raise ValueError(f"invalid settings: {problems}") from None
+    settings.check()
+    return settings

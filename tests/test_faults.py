@@ -1,0 +1,141 @@
+"""Injected faults each produce exactly the expected violation, once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ingest.events import parse_ndjson
+from shadow.service.pipeline import Pipeline, PipelineConfig
+from shadow.service.store import ServiceStore
+
+
+@pytest.fixture
+def pipeline(tmp_path):
+    store = ServiceStore(tmp_path / "faults.duckdb")
+    pipeline = Pipeline(store, PipelineConfig(windows_enabled=False))
+    pipeline.start()
+    yield pipeline
+    store.close()
+
+
+def send(pipeline: Pipeline, *events: dict) -> None:
+    body = "\n".join(json.dumps(e) for e in events)
+    parsed, errors = parse_ndjson(body)
+    assert not errors, errors
+    pipeline.submit(parsed)
+    pipeline.drain()
+
+
+def fleet(capacity: int = 2) -> list[dict]:
+    return [
+        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": capacity},
+        {"type": "worker", "ts": 0.0, "worker": "w1", "capacity": capacity},
+    ]
+
+
+def ready(rid: str, ts: float = 1.0) -> dict:
+    return {"type": "ready", "ts": ts, "request_id": rid, "prompt_tokens": 100}
+
+
+def dispatch(rid: str, worker: str, ts: float = 1.0, seq: int | None = None) -> dict:
+    event = {"type": "dispatch", "ts": ts, "request_id": rid, "worker": worker, "policy": "jsq"}
+    if seq is not None:
+        event["seq"] = seq
+    return event
+
+
+def kinds(pipeline: Pipeline) -> list[str]:
+    return [r["kind"] for r in pipeline.store.query("SELECT kind FROM violations ORDER BY ts")]
+
+
+def test_a_clean_stream_has_no_violation(pipeline):
+    send(
+        pipeline,
+        *fleet(),
+        ready("r1"),
+        dispatch("r1", "w0"),
+        {"type": "progress", "ts": 2.0, "request_id": "r1", "generated": 5},
+        {"type": "finish", "ts": 3.0, "request_id": "r1", "output_tokens": 9, "reason": "stop"},
+    )
+    assert kinds(pipeline) == []
+
+
+def test_double_dispatch(pipeline):
+    send(
+        pipeline,
+        *fleet(),
+        ready("r1"),
+        dispatch("r1", "w0", seq=1),
+        dispatch("r1", "w1", ts=1.5, seq=2),
+        dispatch("r1", "w1", ts=1.6, seq=3),
+    )
+    assert kinds(pipeline) == ["double_dispatch"]
+    assert pipeline.fleets["default"].mirror.workers["w1"].active == {}
+
+
+def test_dispatch_to_a_full_worker(pipeline):
+    send(
+        pipeline,
+        *fleet(capacity=1),
+        ready("r1"),
+        ready("r2"),
+        dispatch("r1", "w0"),
+        dispatch("r2", "w0", ts=1.1),
+    )
+    rows = pipeline.store.query("SELECT kind, severity, worker, request_id FROM violations")
+    assert rows == [
+        {"kind": "over_capacity", "severity": "critical", "worker": "w0", "request_id": "r2"}
+    ]
+
+
+def test_a_request_that_never_finishes_is_a_ghost_released_after_the_ttl(pipeline):
+    send(
+        pipeline,
+        *fleet(),
+        ready("r1"),
+        dispatch("r1", "w0"),
+        {"type": "progress", "ts": 5.0, "request_id": "r1", "generated": 3},
+    )
+    assert kinds(pipeline) == []
+    send(pipeline, ready("later", ts=200.0), ready("much-later", ts=300.0))
+    assert kinds(pipeline) == ["ghost"]
+    assert pipeline.fleets["default"].mirror.workers["w0"].active == {}
+
+
+def test_decreasing_progress(pipeline):
+    send(
+        pipeline,
+        *fleet(),
+        ready("r1"),
+        dispatch("r1", "w0"),
+        {"type": "progress", "ts": 2.0, "request_id": "r1", "generated": 10},
+        {"type": "progress", "ts": 3.0, "request_id": "r1", "generated": 4},
+        {"type": "progress", "ts": 4.0, "request_id": "r1", "generated": 2},
+    )
+    assert kinds(pipeline) == ["progress_decreased"]
+
+
+def test_progress_after_finish(pipeline):
+    send(
+        pipeline,
+        *fleet(),
+        ready("r1"),
+        dispatch("r1", "w0"),
+        {"type": "finish", "ts": 3.0, "request_id": "r1", "output_tokens": 10, "reason": "stop"},
+        {"type": "progress", "ts": 4.0, "request_id": "r1", "generated": 20},
+    )
+    assert kinds(pipeline) == ["progress_after_finish"]
+
+
+def test_dispatch_of_a_request_never_ready(pipeline):
+    send(pipeline, *fleet(), dispatch("ghost-request", "w1"))
+    assert kinds(pipeline) == ["dispatch_without_ready"]
+
+
+def test_out_of_order_events_within_the_window_are_applied_in_order(pipeline):
+    # The dispatch arrives before its ready; within the reorder window that is no fault.
+    send(pipeline, *fleet(), dispatch("r1", "w0", ts=1.2), ready("r1", ts=1.0))
+    assert kinds(pipeline) == []
+    assert "r1" in pipeline.fleets["default"].mirror.workers["w0"].active
