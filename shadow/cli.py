@@ -455,6 +455,40 @@ def ingest(
         raise typer.Exit(1)
 
 
+@bench_app.command("ingest")
+def bench_ingest(
+    requests: Annotated[int, typer.Option(min=100, help="Requests in the recorded log.")] = 10_000,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Sustained events/s from a file and over HTTP, audit and invariants on."""
+    from shadow.bench import ingest as bench
+
+    with console.status("recording and ingesting (file, then HTTP)"):
+        report = bench.run(requests)
+    log = report["log"]
+    table = Table(
+        title=f"Ingest: {log['events']:,} events, 8 workers, {log['fleet_seconds']:.0f} s "
+        "of fleet time (audit + invariants on, windows off)"
+    )
+    for column in ("path", "events", "seconds", "events/s", "target"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    for result in report["results"]:
+        met = "[green]ok" if result["events_per_s"] >= result["target"] else "[red]MISSED"
+        table.add_row(
+            result["path"], f"{result['events']:,}", f"{result['seconds']:.2f}",
+            f"{result['events_per_s']:,.0f}", f">= {result['target']:,.0f} {met}",
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"database: {report['database_bytes'] / 2**20:.1f} MiB for {log['fleet_seconds']:.0f} s "
+        f"of fleet time, about {report['database_bytes_per_day_8_workers'] / 2**30:.2f} GiB "
+        "per day of an 8-worker fleet"
+    )
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
 @bench_app.command("replay")
 def bench_replay(
     trace: Annotated[str, typer.Argument(help="Trace file or synthetic:PRESET.")] = (

@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,9 +12,8 @@ from ingest.traces import retime
 from shadow.policies import make_policy
 from shadow.replay import replay
 from shadow.replay.events import write_events
+from shadow.service.process import ServerProcess
 from shadow.workload import StepModel
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def record(path: Path, requests: int = 2500, seed: int = 0):
@@ -38,57 +31,7 @@ def record(path: Path, requests: int = 2500, seed: int = 0):
     return result, workload
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    """`shadow serve` in its own process on a loopback port."""
-
-    def __init__(self, db: Path, config: Path | None = None) -> None:
-        self.db = db
-        self.config = config
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> Server:
-        command = [sys.executable, "-m", "shadow.cli", "serve", "--db", str(self.db),
-                   "--port", str(self.port)]  # fmt: skip
-        if self.config is not None:
-            command += ["--config", str(self.config)]
-        self.process = subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.process.stdout.read().decode()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise TimeoutError("server did not come up")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+Server = ServerProcess
 
 
 def batches(path: Path, size: int = 1000) -> list[bytes]:
