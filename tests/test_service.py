@@ -168,3 +168,34 @@ def test_restart_rebuilds_the_mirror_without_duplicates(recorded, tmp_path):
     finally:
         server.stop()
         reference.stop()
+
+
+def test_windows_with_unfinished_requests_are_imputed_after_the_lag(recorded, tmp_path):
+    """Drop the finish of a few requests: their windows wait, then replay with imputed
+    lengths and say so."""
+    from ingest.events import iter_file
+    from shadow.service.pipeline import Pipeline, PipelineConfig
+    from shadow.windows import WindowConfig
+
+    path, _, _ = recorded
+    silent = {f"req-{i}" for i in range(100, 110)}
+    trimmed = tmp_path / "trimmed.jsonl"
+    with path.open() as source, trimmed.open("w") as out:
+        for line in source:
+            if '"type":"finish"' in line and any(f'"{rid}"' in line for rid in silent):
+                continue
+            out.write(line)
+    store = ServiceStore(tmp_path / "imputed.duckdb")
+    # The lag outlasts a request's life (~64 s), so only the silenced ones get imputed.
+    config = PipelineConfig(windows=WindowConfig(max_lag_s=200.0), audit_enabled=False)
+    pipeline = Pipeline(store, config)
+    pipeline.start()
+    for pairs, errors in iter_file(trimmed):
+        pipeline.submit(pairs, errors)
+    pipeline.finish()
+    rows = store.query("SELECT window_index, imputed FROM windows ORDER BY window_index")
+    store.close()
+    assert pipeline.fleets["default"].window_failures == 0
+    assert len(rows) >= 8
+    assert any(r["imputed"] > 0 for r in rows)
+    assert all(r["imputed"] <= len(silent) for r in rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,6 +36,7 @@ from shadow.service.store import EventBatch, ServiceStore
 from shadow.windows import WindowConfig, WindowResult, WindowTracker, evaluate_window
 from shadow.workload import StepModel
 
+log = logging.getLogger(__name__)
 ORDER = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4, "dispatch": 5}
 LIFECYCLE = frozenset({"worker", "ready", "dispatch", "finish"})
 
@@ -168,6 +170,7 @@ class FleetState:
         self.state_mismatches = 0
         self.engine_steps = 0
         self.late_events = 0
+        self.window_failures = 0
         self.incumbent = "jsq"
         self.stored_windows: set[int] = set()
 
@@ -558,10 +561,16 @@ class Pipeline:
             for index in fresh:
                 spec = tracker.spec(index, model)
                 if self.executor is None:
-                    self._store_window(state, evaluate_window(spec), fitted)
+                    try:
+                        result = evaluate_window(spec)
+                    except Exception:
+                        self._window_failed(state, index)
+                    else:
+                        self._store_window(state, result, fitted)
                 else:
                     future = self.executor.submit(evaluate_window, spec)
                     future.fitted = fitted  # type: ignore[attr-defined]
+                    future.index = index  # type: ignore[attr-defined]
                     self._pending_windows.append((state, future))
         self.collect_windows()
 
@@ -571,12 +580,22 @@ class Pipeline:
         keep = []
         for state, future in self._pending_windows:
             if wait or future.done():
-                self._store_window(state, future.result(), future.fitted)  # type: ignore[attr-defined]
-                stored += 1
+                try:
+                    result = future.result()
+                except Exception:
+                    self._window_failed(state, future.index)  # type: ignore[attr-defined]
+                else:
+                    self._store_window(state, result, future.fitted)  # type: ignore[attr-defined]
+                    stored += 1
             else:
                 keep.append((state, future))
         self._pending_windows = keep
         return stored
+
+    def _window_failed(self, state: FleetState, index: int) -> None:
+        """A window that cannot be replayed is logged and counted; ingest goes on."""
+        state.window_failures += 1
+        log.exception("fleet %s: window %d could not be replayed", state.fleet, index)
 
     def _store_window(self, state: FleetState, result: WindowResult, fitted: bool) -> None:
         self.store.save_window(result, fitted)
