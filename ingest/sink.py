@@ -1,0 +1,109 @@
+"""Sends events to the shadow service without slowing the emitter down.
+
+`put` only appends to a buffer; a background task posts batches to `POST /v1/events`
+every `flush_interval_s` (or sooner when `max_batch` events wait). Each event gets the
+sink's `source` and the next `seq`, so the service de-duplicates retries. When the service
+is unreachable the batch is kept and retried (bounded by `max_buffer`; the oldest events
+are dropped past that, and counted), so a slow or restarting service never blocks the
+stream the events describe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+class HttpEventSink:
+    def __init__(
+        self,
+        url: str,
+        *,
+        source: str,
+        fleet: str = "default",
+        flush_interval_s: float = 0.05,
+        max_batch: int = 1000,
+        max_buffer: int = 1_000_000,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = url.rstrip("/") + "/v1/events"
+        self.source = source
+        self.fleet = fleet
+        self.flush_interval_s = flush_interval_s
+        self.max_batch = max_batch
+        self.max_buffer = max_buffer
+        self._client = client
+        self._own_client = client is None
+        self._buffer: deque[bytes] = deque()
+        self._seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.sent = 0
+        self.dropped = 0
+        self.failures = 0
+
+    def put(self, event: dict[str, Any]) -> None:
+        """Queue one event (adds `fleet`, `source`, `seq`); never blocks."""
+        event.setdefault("fleet", self.fleet)
+        event["source"] = self.source
+        event["seq"] = self._seq
+        self._seq += 1
+        self._buffer.append(json.dumps(event, separators=(",", ":")).encode())
+        if len(self._buffer) > self.max_buffer:
+            self._buffer.popleft()
+            self.dropped += 1
+        if len(self._buffer) >= self.max_batch:
+            self._wake.set()
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=10.0)
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> bool:
+        """Post everything buffered; False (and kept for later) if the service failed."""
+        while self._buffer:
+            count = min(len(self._buffer), self.max_batch)
+            body = b"\n".join(self._buffer[i] for i in range(count))
+            try:
+                assert self._client is not None
+                response = await self._client.post(
+                    self.url, content=body, headers={"content-type": "application/x-ndjson"}
+                )
+                if response.status_code >= 500:
+                    raise httpx.HTTPStatusError(
+                        f"status {response.status_code}", request=response.request,
+                        response=response,
+                    )  # fmt: skip
+            except httpx.HTTPError as error:
+                self.failures += 1
+                log.warning("event sink %s: %s; %d events kept", self.source, error, count)
+                return False
+            for _ in range(count):
+                self._buffer.popleft()
+            self.sent += count
+        return True
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
