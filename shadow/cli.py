@@ -382,6 +382,14 @@ def serve(
     config: Annotated[
         Path | None, typer.Option(help="TOML settings file (see docs/SERVICE.md).")
     ] = None,
+    demo: Annotated[
+        bool | None,
+        typer.Option(
+            "--demo/--no-demo",
+            help="Also run an emulated fleet, JSQ router, SSE tap and traffic. The default "
+            "when no config file and no engines are given.",
+        ),
+    ] = None,
 ) -> None:
     """Run the shadow service: ingest, mirror, audit, invariants, windows, JSON API."""
     import uvicorn
@@ -389,10 +397,21 @@ def serve(
     from shadow.service.app import create_app
 
     settings = _settings(config, host=host, port=port, db=db)
-    console.print(
-        f"shadow service on http://{settings.host}:{settings.port}  "
-        f"(API docs at /docs, database {settings.db})"
-    )
+    if demo is None:
+        demo = config is None and not settings.engines and not settings.demo
+        demo = demo or settings.demo
+    settings = settings.model_copy(update={"demo": demo})
+    url = f"http://{settings.host}:{settings.port}"
+    console.print(f"[bold]shadow service[/bold] on {url}   database {settings.db}")
+    console.print(f"  API and OpenAPI docs: {url}/docs    fleets: {url}/v1/fleets")
+    if demo:
+        console.print(
+            f"  demo: {settings.demo_workers} emulated decode workers behind a JSQ router and "
+            f"the SSE tap, with traffic; live mirror at {url}/v1/fleets/{settings.fleet}/snapshot"
+            f", decisions at {url}/v1/fleets/{settings.fleet}/decisions, router address at "
+            f"{url}/v1/demo"
+        )
+    console.print("  Ctrl-C stops everything")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 
 

@@ -9,7 +9,7 @@ event for event, ghost releases included.
 `worker: worker, capacity, state`; `ready: request_id, prompt_tokens, prompt_hash`;
 `dispatch: request_id, worker, audit` (audit is None or `(ingest_id, policy, router_view)`);
 `progress: request_id, generated`; `finish: request_id, output_tokens, reason`;
-`engine_step: worker, step, running`.
+`engine_step: worker, step, running, duration_ms`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from shadow.invariants import InvariantChecker, InvariantConfig, Violation
-from shadow.mirror import Completed, FleetMirror, RequestState, WorkerState
+from shadow.mirror import Completed, FleetMirror, RequestState, StepView
 
 StreamItem = tuple[Any, ...]
 
@@ -62,11 +62,14 @@ class FleetCore:
         return found + self._sweep(ts), done
 
     def engine_step(
-        self, ts: float, worker: str, step: int, running: int
-    ) -> tuple[list[Violation], WorkerState | None]:
-        found = self.checker.on_engine_step(self.mirror, ts, worker, running)
-        counted = self.mirror.apply_engine_step(ts, worker, step)
-        return found + self._sweep(ts), counted
+        self, ts: float, worker: str, step: int, running: int, duration_ms: float
+    ) -> tuple[list[Violation], StepView | None]:
+        """Count the step; compare what the engine ran with what the mirror expected."""
+        view = self.mirror.apply_engine_step(ts, worker, step, ts - duration_ms / 1000.0, running)
+        found = []
+        if view is not None:
+            found = self.checker.on_engine_step(ts, worker, view.running, running)
+        return found + self._sweep(ts), view
 
     def _sweep(self, ts: float) -> list[Violation]:
         if ts < self._next_sweep:
@@ -78,7 +81,7 @@ class FleetCore:
         """Apply one compact stream item (the follower's path)."""
         kind, ts = item[0], item[1]
         if kind == "engine_step":
-            self.engine_step(ts, item[3], item[4], item[5])
+            self.engine_step(ts, item[3], item[4], item[5], item[6])
         elif kind == "progress":
             self.progress(ts, item[3], item[4])
         elif kind == "dispatch":

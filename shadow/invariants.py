@@ -43,7 +43,10 @@ class Violation:
 @dataclass(frozen=True)
 class InvariantConfig:
     ghost_ttl_s: float = 120.0
-    drift_tolerance: int = 0
+    #: a live dispatch can race a step boundary by a few ms, so one request of slack
+    drift_tolerance: int = 1
+    #: scrapes race the event stream by milliseconds, so they get some slack
+    scrape_drift_tolerance: int = 2
     drift_samples: int = 3
 
 
@@ -137,6 +140,8 @@ class InvariantChecker:
 
     def before_finish(self, mirror: FleetMirror, ts: float, request_id: str) -> list[Violation]:
         request = mirror.requests.get(request_id)
+        if request_id in mirror.pool:
+            return []  # left the pool before dispatch (a client gave up): legitimate
         if request is None or (request.worker is None and not request.finished):
             return self._violation(
                 "finish_unknown_request",
@@ -148,25 +153,41 @@ class InvariantChecker:
         return []
 
     def on_engine_step(
-        self, mirror: FleetMirror, ts: float, worker_id: str, running: int
+        self, ts: float, worker_id: str, expected: int, running: int
     ) -> list[Violation]:
+        """The engine ran `running` requests in a step where the mirror expected `expected`."""
+        return self._compare(ts, worker_id, expected, running, "step")
+
+    def on_engine_sample(
+        self, mirror: FleetMirror, ts: float, worker_id: str, running: float
+    ) -> list[Violation]:
+        """A scrape of the engine's `/metrics`, checked once the mirror reached its time."""
         worker = mirror.workers.get(worker_id)
         if worker is None:
             return []
-        if abs(len(worker.active) - running) > self.config.drift_tolerance:
-            run = self._drift_run.get(worker_id, 0) + 1
-            self._drift_run[worker_id] = run
+        return self._compare(ts, worker_id, len(worker.active), running, "scrape")
+
+    def _compare(
+        self, ts: float, worker_id: str, expected: int, running: float, what: str
+    ) -> list[Violation]:
+        key = f"{what}:{worker_id}"
+        tolerance = (
+            self.config.scrape_drift_tolerance if what == "scrape" else self.config.drift_tolerance
+        )
+        if abs(expected - running) > tolerance:
+            run = self._drift_run.get(key, 0) + 1
+            self._drift_run[key] = run
             if run >= self.config.drift_samples:
                 return self._violation(
                     "engine_drift",
                     ts,
                     worker_id,
                     None,
-                    f"{worker_id}: mirror has {len(worker.active)} active, engine reports "
-                    f"{running} running for {run} steps",
+                    f"{worker_id}: mirror has {expected} active, engine reports "
+                    f"{running:g} running for {run} {what}s",
                 )
         else:
-            self._drift_run[worker_id] = 0
+            self._drift_run[key] = 0
         return []
 
     def sweep_ghosts(self, mirror: FleetMirror) -> list[Violation]:

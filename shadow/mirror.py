@@ -23,6 +23,16 @@ from shadow.predict.predictors import SurvivalPredictor
 
 #: Finish reasons after which a request's length says something about future requests.
 NATURAL_FINISH = frozenset({"stop", "length"})
+#: Clock slack when deciding whether a dispatch came before a step's start.
+STEP_START_SLACK_S = 1e-6
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What a worker ran in one step, by the mirror: requests and their KV tokens."""
+
+    running: int
+    kv_tokens: int
 
 
 class RequestState:
@@ -68,6 +78,7 @@ class WorkerState:
         "last_step",
         "offset_sum",
         "prompt_sum",
+        "starting",
         "state",
         "steps",
         "worker_id",
@@ -83,6 +94,9 @@ class WorkerState:
         self.prompt_sum = 0
         self.offset_sum = 0
         self.active: dict[str, RequestState] = {}
+        #: dispatched requests not yet seen in a step (a dispatch lands mid-step in a
+        #: live fleet: the request first decodes in the next step)
+        self.starting: list[RequestState] = []
 
     @property
     def load(self) -> int:
@@ -242,6 +256,7 @@ class FleetMirror:
         worker.active[request_id] = request
         worker.prompt_sum += request.prompt_tokens
         worker.offset_sum += request.offset
+        worker.starting.append(request)
         self._take_slot(request, worker)
         return request
 
@@ -303,17 +318,47 @@ class FleetMirror:
             self._release(request.worker, request)
         request.finished = True
 
-    def apply_engine_step(self, ts: float, worker_id: str, step: int) -> WorkerState | None:
-        """Count one decode step of the worker; None for a step already counted."""
+    def apply_engine_step(
+        self,
+        ts: float,
+        worker_id: str,
+        step: int,
+        step_start: float | None = None,
+        running: int | None = None,
+    ) -> StepView | None:
+        """Count one decode step of the worker; None for a step already counted.
+
+        A dispatched request first decodes in a later step (it reaches the engine after
+        the tap saw it, and engines admit between steps). Which of the pending ones ran
+        in this step: as many as the engine's `running` count says, oldest first (engines
+        admit in order); without a count, those dispatched before `step_start`. The
+        others do not advance, and the returned view (what the engine should have
+        reported) leaves them out.
+        """
         self._tick(ts)
         worker = self.workers.get(worker_id)
         if worker is None:
             worker = self.apply_worker(ts, worker_id, 0, "up")
         if step <= worker.last_step:
             return None
+        pending = [r for r in worker.starting if r.worker is worker]
+        if running is not None:
+            started = max(0, min(len(pending), running - (len(worker.active) - len(pending))))
+        else:
+            cutoff = (ts if step_start is None else step_start) + STEP_START_SLACK_S
+            started = sum(1 for r in pending if r.dispatch_ts is None or r.dispatch_ts <= cutoff)
+        waiting = pending[started:]
+        late_tokens = 0
+        for request in waiting:  # not in this step: hold its generated count still
+            late_tokens += request.prompt_tokens + request.generated()
+            request.offset += 1
+            worker.offset_sum += 1
+            self._slot_offset[request.slot] = request.offset
+        view = StepView(len(worker.active) - len(waiting), worker.load - late_tokens + len(waiting))
+        worker.starting = waiting
         worker.last_step = step
         worker.steps += 1
-        return worker
+        return view
 
     def forget_finished(self, keep: set[str] | None = None) -> int:
         """Drop finished requests nobody needs any more (bounded memory)."""

@@ -18,8 +18,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from ingest.events import parse_body
+from ingest.poller import MetricsPoller, Target
 from shadow import __version__
 from shadow.policies.fscore import gap, imbalance
+from shadow.service.demo import DemoPlan, DemoProcess
 from shadow.service.pipeline import FleetState
 from shadow.service.runtime import Runtime
 from shadow.service.settings import ServiceSettings
@@ -37,6 +39,11 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in rows]
 
 
+def _service_url(settings: ServiceSettings) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
 def create_app(settings: ServiceSettings) -> FastAPI:
     state: dict[str, Any] = {"last_submit": 0.0}
 
@@ -45,10 +52,38 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         runtime = await run_in_threadpool(Runtime, settings)
         state["runtime"] = runtime
         flusher = asyncio.create_task(_idle_flush())
+        demo = None
+        poller = None
         try:
+            targets = [Target(e.worker, e.url) for e in settings.engines]
+            if settings.demo:
+                demo = DemoProcess(
+                    DemoPlan(
+                        _service_url(settings), settings.demo_workers, settings.demo_batch,
+                        settings.demo_time_scale, settings.demo_load, settings.fleet,
+                    )
+                )  # fmt: skip
+                addresses = await run_in_threadpool(demo.start)
+                state["demo"] = addresses
+                targets += [Target(w, url) for w, url in addresses.workers.items()]
+            if targets:
+                poller = MetricsPoller(
+                    targets,
+                    interval_s=settings.poll_interval_s,
+                    staleness_s=settings.staleness_s,
+                    on_sample=lambda worker, ts, sample: runtime.pipeline.record_engine_sample(
+                        settings.fleet, worker, ts, sample
+                    ),
+                )
+                await poller.start()
+                state["poller"] = poller
             yield
         finally:
             flusher.cancel()
+            if poller is not None:
+                await poller.stop()
+            if demo is not None:
+                await run_in_threadpool(demo.stop)
             await run_in_threadpool(runtime.close)
 
     async def _idle_flush() -> None:
@@ -115,9 +150,35 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
     @app.post("/v1/flush")
     def flush() -> dict[str, Any]:
-        """Apply everything the reorder window holds and store finished window replays."""
+        """Apply everything the reorder window holds, close the window of an idle fleet,
+        and store the window replays that finished."""
+        _flush(runtime())
+        runtime().pipeline.close_idle_windows()
         _flush(runtime())
         return {"windows_evaluated": runtime().pipeline.windows_evaluated}
+
+    @app.get("/v1/fleets/{fleet}/requests/{request_id}")
+    def request_history(fleet: str, request_id: str) -> dict[str, Any]:
+        """Everything stored about one request: lifecycle events and latest progress."""
+        store = runtime().store
+        params = {"fleet": fleet, "request_id": request_id}
+        events = store.query(
+            "SELECT type, ts, worker, policy, prompt_tokens, output_tokens, reason, source, seq "
+            "FROM events WHERE fleet = :fleet AND request_id = :request_id ORDER BY ts, ingest_id",
+            params,
+        )
+        progress = store.query(
+            "SELECT generated, ts FROM progress_latest WHERE fleet = :fleet AND "
+            "request_id = :request_id",
+            params,
+        )
+        if not events and not progress:
+            raise HTTPException(404, f"no request {request_id!r} in fleet {fleet!r}")
+        return {
+            "request_id": request_id,
+            "events": _rows(events),
+            "progress": _rows(progress)[0] if progress else None,
+        }
 
     @app.get("/v1/fleets")
     def fleets() -> list[dict[str, Any]]:
@@ -269,6 +330,36 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             for row in rows:
                 row["policies"] = by_window.get(row["window_index"], {})
         return {"total": int(total[0]["n"]), "limit": limit, "offset": offset, "items": _rows(rows)}
+
+    @app.get("/v1/fleets/{fleet}/telemetry")
+    def telemetry(fleet: str) -> dict[str, Any]:
+        """Engine scrapes: per worker the last sample, its age, staleness and failures,
+        and what the mirror held when the sample was compared."""
+        poller: MetricsPoller | None = state.get("poller")
+        found = runtime().pipeline.fleets.get(fleet)
+        compared = found.last_sample if found is not None else {}
+        engines = {}
+        for worker, status in (poller.status() if poller is not None else {}).items():
+            sample = status.get("sample")
+            engines[worker] = {
+                "stale": status["stale"],
+                "age_s": _clean(status.get("age_s")),
+                "failures": status.get("failures", 0),
+                "last_error": status.get("last_error"),
+                "running": None if sample is None else sample["running"],
+                "waiting": None if sample is None else sample["waiting"],
+                "kv_usage": None if sample is None else sample["kv_usage"],
+                "mirror_active_at_sample": compared.get(worker, (None, None, None))[2],
+            }
+        return {"fleet": fleet, "polling": poller is not None, "engines": engines}
+
+    @app.get("/v1/demo")
+    def demo_addresses() -> dict[str, Any]:
+        """Where the demo world listens (router, tap, workers), if one runs."""
+        addresses = state.get("demo")
+        if addresses is None:
+            raise HTTPException(404, "no demo world in this service")
+        return {"router": addresses.router, "tap": addresses.tap, "workers": addresses.workers}
 
     @app.get("/v1/fleets/{fleet}/stepmodel")
     def stepmodel(fleet: str) -> dict[str, Any]:

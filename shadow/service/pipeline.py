@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import queue
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,6 +40,7 @@ from shadow.workload import StepModel
 log = logging.getLogger(__name__)
 ORDER = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4, "dispatch": 5}
 LIFECYCLE = frozenset({"worker", "ready", "dispatch", "finish"})
+MAX_PENDING_SAMPLES = 1000
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,10 @@ class FleetState:
         self.window_failures = 0
         self.incumbent = "jsq"
         self.stored_windows: set[int] = set()
+        #: engine scrapes waiting for the mirror to reach their time: (ts, worker, sample)
+        self.pending_samples: list[tuple[float, str, Any]] = []
+        #: per worker: (ts of the last scrape, engine running, mirror active then)
+        self.last_sample: dict[str, tuple[float, float, int]] = {}
 
 
 class Pipeline:
@@ -201,6 +207,7 @@ class Pipeline:
         )
         self._audit_done: list[AuditOutcome] = []
         self._audit_pending: list[tuple[float, Future[list[AuditOutcome]]]] = []
+        self._incoming_samples: queue.SimpleQueue[tuple[str, float, str, Any]] = queue.SimpleQueue()
         self.fleets: dict[str, FleetState] = {}
         self.lock = threading.RLock()
         self._buffer = _ReorderBuffer()
@@ -355,10 +362,21 @@ class Pipeline:
             applied += 1
         self._audit(stream)
         decisions, audited = self._collect_audits()
-        if batch is not None or applied or decisions:
+        batch = batch or EventBatch()
+        while not self._incoming_samples.empty():
+            fleet, ts, worker, sample = self._incoming_samples.get_nowait()
+            pending = self._fleet(fleet).pending_samples
+            heapq.heappush(pending, (ts, worker, sample))
+            if len(pending) > MAX_PENDING_SAMPLES:  # the stream stalled: keep the newest
+                pending.sort()
+                del pending[: len(pending) - MAX_PENDING_SAMPLES]
+        for state in self.fleets.values():
+            if state.pending_samples:
+                self._check_samples(state, violations, batch)
+        if batch or applied or decisions or violations:
             try:
                 self.store.commit(
-                    batch or EventBatch(),
+                    batch,
                     self._next_id,
                     decisions,
                     violations + audited,
@@ -453,14 +471,13 @@ class Pipeline:
         if windows:
             tracker.before_event(kind, ts)
         if kind == "engine_step":
-            worker = mirror.workers.get(event.worker)
-            load = worker.load if worker is not None else 0
-            kv = event.kv_tokens if event.kv_tokens is not None else load
-            active = len(worker.active) if worker is not None else 0
-            if (event.kv_tokens is not None and event.kv_tokens != load) or active != event.running:
-                state.state_mismatches += 1
-            found, counted = core.engine_step(ts, event.worker, event.step, event.running)
-            if counted is not None:
+            found, view = core.engine_step(
+                ts, event.worker, event.step, event.running, event.duration_ms
+            )
+            if view is not None:
+                kv = event.kv_tokens if event.kv_tokens is not None else view.kv_tokens
+                if view.running != event.running or kv != view.kv_tokens:
+                    state.state_mismatches += 1
                 state.engine_steps += 1
                 state.step_samples.append((event.step, kv, event.duration_ms, ts))
                 if windows:
@@ -468,7 +485,9 @@ class Pipeline:
                         ts, event.worker, event.step, event.duration_ms, event.running, kv
                     )
             if audit:
-                stream.append((kind, ts, fleet, event.worker, event.step, event.running))
+                stream.append(
+                    (kind, ts, fleet, event.worker, event.step, event.running, event.duration_ms)
+                )
         elif kind == "progress":
             found = core.progress(ts, event.request_id, event.generated)
             if windows:
@@ -519,6 +538,30 @@ class Pipeline:
                 stream.append((kind, ts, fleet, event.worker, event.capacity, event.state))
         if derive and found:
             violations.extend((ingest_id, v) for v in found)
+
+    # -- engine scrapes -------------------------------------------------------------
+
+    def record_engine_sample(self, fleet: str, worker: str, ts: float, sample: Any) -> None:
+        """A scrape of one engine's `/metrics` (running, waiting, kv_usage, ...). It is
+        compared with the mirror once the applied stream has reached its time. Lock-free:
+        the poller calls it from the event loop."""
+        self._incoming_samples.put((fleet, ts, worker, sample))
+
+    def _check_samples(self, state: FleetState, violations: list, batch: EventBatch) -> None:
+        """Compare the scrapes the applied stream has caught up with (never an older
+        mirror against a newer scrape)."""
+        pending = state.pending_samples
+        while pending and pending[0][0] <= state.mirror.now:
+            ts, worker, sample = heapq.heappop(pending)
+            current = state.mirror.workers.get(worker)
+            active = len(current.active) if current is not None else 0
+            state.last_sample[worker] = (ts, float(sample.running), active)
+            batch.samples.append(
+                (state.fleet, worker, ts, float(sample.running), float(sample.waiting),
+                 sample.kv_usage, sample.generation_tokens, active)
+            )  # fmt: skip
+            found = state.checker.on_engine_sample(state.mirror, ts, worker, sample.running)
+            violations.extend((self._next_id - 1, v) for v in found)
 
     # -- windows and the step model --------------------------------------------------
 
@@ -601,6 +644,17 @@ class Pipeline:
         self.store.save_window(result, fitted)
         state.stored_windows.add(result.index)
         self.windows_evaluated += 1
+
+    def close_idle_windows(self) -> None:
+        """End the open window of every fleet with nothing running or waiting: a quiet
+        fleet is a clean cut, and its last window can then be evaluated."""
+        with self.lock:
+            for state in self.fleets.values():
+                mirror = state.mirror
+                if not mirror.pool and not any(w.active for w in mirror.order):
+                    state.tracker.close(mirror.now)
+            if self.config.windows_enabled:
+                self._schedule_windows()
 
     def finish(self) -> None:
         """End of input: apply everything, close the open windows, evaluate what is due."""

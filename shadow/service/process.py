@@ -23,10 +23,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, db: Path, config: Path | None = None) -> None:
+    def __init__(
+        self, db: Path, config: Path | None = None, *, demo: bool = False, port: int | None = None
+    ) -> None:
         self.db = db
         self.config = config
-        self.port = free_port()
+        self.demo = demo
+        self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -35,7 +38,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
         command = [sys.executable, "-m", "shadow.cli", "serve", "--db", str(self.db),
-                   "--port", str(self.port)]  # fmt: skip
+                   "--port", str(self.port), "--demo" if self.demo else "--no-demo"]  # fmt: skip
         if self.config is not None:
             command += ["--config", str(self.config)]
         self.process = subprocess.Popen(

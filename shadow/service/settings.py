@@ -18,6 +18,15 @@ from shadow.windows import WindowConfig
 from shadow.workload import StepModel
 
 
+class EngineTarget(BaseModel):
+    """One decode engine whose Prometheus `/metrics` the service scrapes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker: str
+    url: str
+
+
 class ServiceSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +54,16 @@ class ServiceSettings(BaseModel):
     br_alpha: float = Field(1.0, ge=0)
     br_beta: float = Field(43.0, ge=0)
     br_gamma: float = Field(0.86, gt=0, le=1)
+    fleet: str = "default"
+    engines: list[EngineTarget] = Field(default_factory=list)
+    poll_interval_s: float = Field(0.5, gt=0)
+    staleness_s: float = Field(3.0, gt=0)
+    scrape_drift_tolerance: int = Field(2, ge=0)
+    demo: bool = False
+    demo_workers: int = Field(4, ge=1, le=64)
+    demo_batch: int = Field(16, ge=1)
+    demo_time_scale: float = Field(1.0, gt=0)
+    demo_load: float = Field(0.9, gt=0)
 
     def check(self) -> None:
         unknown = [
@@ -91,7 +110,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> ServiceSettings
             raise ValueError(f"config file {path}: {error}") from None
     for name in ServiceSettings.model_fields:
         env = os.environ.get(f"SHADOW_{name.upper()}")
-        if env is not None:
+        if env is not None and name != "engines":
             values[name] = env.split(",") if name.endswith("_policies") else env
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:

@@ -37,6 +37,8 @@ STEP_COLUMNS = (
     "kv_tokens", "waiting",
 )  # fmt: skip
 PROGRESS_COLUMNS = ("fleet", "request_id", "generated", "ts", "ingest_id")
+SAMPLE_COLUMNS = ("fleet", "worker", "ts", "running", "waiting", "kv_usage",
+                  "generation_tokens", "mirror_active")  # fmt: skip
 #: `ingest_id` then the fields of `shadow.audit.Decision`, in order.
 DECISION_COLUMNS = (
     "ingest_id", "fleet", "ts", "request_id", "prompt_tokens", "incumbent_worker",
@@ -59,10 +61,11 @@ class EventBatch:
 
     lifecycle: list[tuple] = field(default_factory=list)
     steps: list[tuple] = field(default_factory=list)
+    samples: list[tuple] = field(default_factory=list)
     progress: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.lifecycle) + len(self.steps) + len(self.progress)
+        return len(self.lifecycle) + len(self.steps) + len(self.progress) + len(self.samples)
 
 
 def _duck(conn: Connection) -> duckdb.DuckDBPyConnection:
@@ -117,6 +120,7 @@ class ServiceStore:
             _append(conn, "events", LIFECYCLE_COLUMNS, batch.lifecycle)
             _append(conn, "engine_steps", STEP_COLUMNS, batch.steps)
             _append(conn, "progress_latest", PROGRESS_COLUMNS, list(batch.progress.values()))
+            _append(conn, "engine_samples", SAMPLE_COLUMNS, batch.samples)
             self._set_state(conn, "next_ingest_id", next_ingest_id)
             _append(
                 conn, "decisions", DECISION_COLUMNS, [_decision_row(i, d) for i, d in decisions]

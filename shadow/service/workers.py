@@ -5,10 +5,30 @@ the counterfactual replays never hold up the acknowledgement of events."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 from shadow.audit import AuditConfig, start_worker
 from shadow.invariants import InvariantConfig
+
+
+def exit_with_parent() -> None:
+    """A worker whose parent died (SIGKILL leaves pool children behind) exits too."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def _audit_init(config: AuditConfig, invariants: InvariantConfig | None, sweep: float) -> None:
+    exit_with_parent()
+    start_worker(config, invariants, sweep)
 
 
 def audit_worker(
@@ -19,11 +39,13 @@ def audit_worker(
     return ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=start_worker,
+        initializer=_audit_init,
         initargs=(config, invariants, sweep_every_s),
     )
 
 
 def window_worker() -> ProcessPoolExecutor:
     """One process for window replays (pure functions of their specs)."""
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(
+        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent
+    )

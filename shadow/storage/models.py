@@ -317,3 +317,20 @@ class IngestState(Base):
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class EngineSampleRow(Base):
+    """One scrape of one engine's `/metrics`, beside what the mirror held at that time."""
+
+    __tablename__ = "engine_samples"
+
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    worker: Mapped[str] = mapped_column(Text, nullable=False)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    running: Mapped[float] = mapped_column(Double, nullable=False)
+    waiting: Mapped[float] = mapped_column(Double, nullable=False)
+    kv_usage: Mapped[float | None] = mapped_column(Double)
+    generation_tokens: Mapped[float | None] = mapped_column(Double)
+    mirror_active: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+    __mapper_args__ = {"primary_key": [fleet, worker, ts]}  # noqa: RUF012

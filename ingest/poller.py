@@ -1,0 +1,288 @@
+"""Poll each decode engine's Prometheus `/metrics` to reconcile the fleet mirror.
+
+The mirror is built from the tap's events; the engines' own gauges (running, waiting, KV
+usage) are the independent check on it. Scrapes fail in the field (restarts, overload,
+network), so the poller never raises: it counts failures, keeps the last good sample and
+says when that sample is too old to trust (`stale`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+logger = logging.getLogger(__name__)
+
+# Sample names, not family names: the parser strips `_total` from counter *families* but
+# keeps it on the samples, and an untyped exposition keeps it everywhere.
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+_WANTED = frozenset({RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD, GENERATION_TOKENS})
+DEFAULT_ENGINE = "0"
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    """One engine's load at one scrape; `kv_usage` is a fraction in [0, 1]."""
+
+    running: float
+    waiting: float
+    kv_usage: float | None
+    generation_tokens: float | None
+
+
+def parse_vllm_metrics(text: str) -> dict[str, EngineSample]:
+    """Engine samples keyed by the `engine` label ("0" when the label is absent).
+
+    Series of one engine under several `model_name`s are summed (running, waiting,
+    tokens; the largest KV usage is kept). An engine needs both request gauges to count.
+    `vllm:gpu_cache_usage_perc` (vLLM < 0.9) stands in when `kv_cache_usage_perc` is absent.
+    Text that is not Prometheus exposition raises `ValueError`.
+    """
+    values: dict[str, dict[str, float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name not in _WANTED:
+                    continue
+                engine = sample.labels.get("engine", DEFAULT_ENGINE)
+                per_engine = values.setdefault(engine, {})
+                value = float(sample.value)
+                if sample.name in (KV_USAGE, KV_USAGE_OLD):
+                    per_engine[sample.name] = max(per_engine.get(sample.name, value), value)
+                else:
+                    per_engine[sample.name] = per_engine.get(sample.name, 0.0) + value
+    except ValueError as exc:
+        snippet = text[:80].replace("\n", "\\n")
+        raise ValueError(f"not Prometheus text exposition ({exc}); starts {snippet!r}") from exc
+    samples: dict[str, EngineSample] = {}
+    for engine, metrics in values.items():
+        if RUNNING not in metrics or WAITING not in metrics:
+            continue
+        samples[engine] = EngineSample(
+            running=metrics[RUNNING],
+            waiting=metrics[WAITING],
+            kv_usage=metrics.get(KV_USAGE, metrics.get(KV_USAGE_OLD)),
+            generation_tokens=metrics.get(GENERATION_TOKENS),
+        )
+    return samples
+
+
+@dataclass(frozen=True)
+class Target:
+    """One decode worker: `url` is the engine's base URL (scraped at `url + "/metrics"`).
+
+    `engine` picks one engine of a multi-engine (data-parallel) endpoint; by default the
+    engine labelled like `worker`, else the first one in the text.
+    """
+
+    worker: str
+    url: str
+    engine: str | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return self.url.rstrip("/") + "/metrics"
+
+
+def select_sample(target: Target, samples: dict[str, EngineSample]) -> EngineSample:
+    """The sample that belongs to `target` (see `Target`); `ValueError` when there is none."""
+    if not samples:
+        raise ValueError("no vLLM engine metrics (num_requests_running/waiting) in the text")
+    if target.engine is not None:
+        if target.engine not in samples:
+            raise ValueError(f"engine {target.engine!r} not in metrics (has {sorted(samples)})")
+        return samples[target.engine]
+    if target.worker in samples:
+        return samples[target.worker]
+    return next(iter(samples.values()))
+
+
+@dataclass
+class _TargetState:
+    sample: EngineSample | None = None
+    sampled_at: float | None = None
+    failures: int = 0
+    consecutive_failures: int = 0
+    last_error: str | None = None
+
+
+class MetricsPoller:
+    """Scrapes every target every `interval_s`, each on its own task.
+
+    One task per target, so a target that hangs until `timeout_s` never delays the others.
+    `on_sample(worker, ts, sample)` runs on the event loop after each good scrape (`ts` is
+    `time.time()`); an exception from it is logged, never fatal.
+    """
+
+    def __init__(
+        self,
+        targets: list[Target],
+        *,
+        interval_s: float = 0.5,
+        timeout_s: float = 1.0,
+        staleness_s: float = 3.0,
+        on_sample: Callable[[str, float, EngineSample], None] | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        workers = [target.worker for target in targets]
+        if len(set(workers)) != len(workers):
+            raise ValueError(f"duplicate worker names in targets: {workers}")
+        for name, value in (
+            ("interval_s", interval_s),
+            ("timeout_s", timeout_s),
+            ("staleness_s", staleness_s),
+        ):
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value}")
+        self.targets = list(targets)
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.staleness_s = staleness_s
+        self.on_sample = on_sample
+        self._client = client
+        self._owns_client = client is None
+        self._state = {target.worker: _TargetState() for target in self.targets}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started_at: float | None = None
+
+    @property
+    def failures(self) -> dict[str, int]:
+        """Failed scrapes per worker since construction."""
+        return {worker: state.failures for worker, state in self._state.items()}
+
+    @property
+    def running(self) -> bool:
+        return bool(self._tasks)
+
+    async def __aenter__(self) -> MetricsPoller:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start one polling task per target (no-op when already running)."""
+        if self._tasks:
+            return
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout_s,
+                limits=httpx.Limits(max_connections=max(10, 2 * len(self.targets))),
+            )
+            self._owns_client = True
+        self._started_at = time.time()
+        self._tasks = [
+            asyncio.create_task(self._run(target), name=f"metrics-poller:{target.worker}")
+            for target in self.targets
+        ]
+
+    async def stop(self) -> None:
+        """Cancel the polling tasks and close the client if the poller made it."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._owns_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def poll_once(self) -> None:
+        """Scrape every target once, concurrently (what each tick does)."""
+        await asyncio.gather(*(self._scrape(target) for target in self.targets))
+
+    async def _run(self, target: Target) -> None:
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while True:
+            await self._scrape(target)
+            next_tick += self.interval_s
+            now = loop.time()
+            if next_tick < now:  # a slow scrape: skip the missed ticks, keep the cadence
+                next_tick += math.ceil((now - next_tick) / self.interval_s) * self.interval_s
+            await asyncio.sleep(next_tick - now)
+
+    async def _fetch(self, target: Target) -> EngineSample:
+        if self._client is None:
+            raise RuntimeError("poller client is closed")
+        response = await self._client.get(target.metrics_url, timeout=self.timeout_s)
+        if response.status_code != 200:
+            raise ValueError(f"HTTP {response.status_code} from {target.metrics_url}")
+        return select_sample(target, parse_vllm_metrics(response.text))
+
+    async def _scrape(self, target: Target) -> None:
+        state = self._state[target.worker]
+        try:
+            # httpx's timeout is per operation; a server trickling bytes needs a total bound.
+            sample = await asyncio.wait_for(self._fetch(target), self.timeout_s)
+        except Exception as exc:  # any failure only marks the target; it never stops polling
+            state.failures += 1
+            state.consecutive_failures += 1
+            reason = str(exc) or type(exc).__name__
+            if isinstance(exc, TimeoutError | httpx.TimeoutException):
+                reason = f"timeout after {self.timeout_s} s"
+            state.last_error = f"{type(exc).__name__}: {reason}"
+            return
+        ts = time.time()
+        state.sample = sample
+        state.sampled_at = ts
+        state.consecutive_failures = 0
+        if self.on_sample is not None:
+            try:
+                self.on_sample(target.worker, ts, sample)
+            except Exception:
+                logger.exception("on_sample failed for worker %s", target.worker)
+
+    def latest(self, worker: str) -> tuple[float, EngineSample] | None:
+        """The last good sample of `worker` and when it was taken, or None."""
+        state = self._state[worker]
+        if state.sample is None or state.sampled_at is None:
+            return None
+        return state.sampled_at, state.sample
+
+    def stale(self, worker: str, now: float | None = None) -> bool:
+        """True when `worker`'s last good sample is older than `staleness_s`.
+
+        With no sample yet: stale once `staleness_s` has passed since `start()` (and before
+        `start()`, since nothing is known).
+        """
+        state = self._state[worker]
+        now = time.time() if now is None else now
+        if state.sampled_at is not None:
+            return now - state.sampled_at > self.staleness_s
+        if self._started_at is None:
+            return True
+        return now - self._started_at > self.staleness_s
+
+    def status(self, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """Per worker: last sample, its age, staleness, failure counts and the last error."""
+        now = time.time() if now is None else now
+        result: dict[str, dict[str, Any]] = {}
+        for target in self.targets:
+            state = self._state[target.worker]
+            result[target.worker] = {
+                "url": target.url,
+                "sample": None if state.sample is None else asdict(state.sample),
+                "sampled_at": state.sampled_at,
+                "age_s": None if state.sampled_at is None else now - state.sampled_at,
+                "stale": self.stale(target.worker, now),
+                "failures": state.failures,
+                "consecutive_failures": state.consecutive_failures,
+                "last_error": state.last_error,
+            }
+        return result

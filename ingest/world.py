@@ -1,0 +1,103 @@
+"""The emulated world around the shadow service: a decode fleet, the SSE tap in front of
+it and the incumbent JSQ router in front of that, each a real HTTP server on loopback.
+
+    clients -> router (JSQ) -> tap -> worker g        tap, engines --events--> service
+                                                        service --scrapes--> /metrics
+
+`shadow serve --demo` runs one in a child process with a load generator; the end-to-end
+tests run one in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from ingest.emulator import EmulatedFleet
+from ingest.router import Router
+from ingest.sink import HttpEventSink
+from ingest.tap import Tap
+from shadow.service.process import free_port
+from shadow.workload import StepModel
+
+
+@dataclass(frozen=True)
+class WorldOptions:
+    workers: int = 4
+    batch: int = 16
+    time_scale: float = 1.0
+    router_policy: str = "jsq"
+    progress_interval_s: float = 0.1
+    fleet: str = "default"
+    step_model: StepModel = field(default_factory=StepModel)
+
+
+@dataclass(frozen=True)
+class WorldAddresses:
+    router: str
+    tap: str
+    workers: dict[str, str]
+
+
+class World:
+    def __init__(self, service_url: str, options: WorldOptions | None = None) -> None:
+        self.options = options or WorldOptions()
+        self.service_url = service_url
+        o = self.options
+        self.engine_sink = HttpEventSink(service_url, source="engines", fleet=o.fleet)
+        self.tap_sink = HttpEventSink(service_url, source="tap", fleet=o.fleet)
+        self.router_sink = HttpEventSink(service_url, source="router", fleet=o.fleet)
+        self.fleet = EmulatedFleet(
+            o.workers, o.batch, step_model=o.step_model, time_scale=o.time_scale,
+            sink=self.engine_sink,
+        )  # fmt: skip
+        self._servers: list[uvicorn.Server] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.tap: Tap | None = None
+        self.router: Router | None = None
+        self.addresses: WorldAddresses | None = None
+
+    async def _serve(self, app: object) -> str:
+        port = free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        )
+        self._servers.append(server)
+        self._tasks.append(asyncio.create_task(server.serve()))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        return f"http://127.0.0.1:{port}"
+
+    async def start(self) -> WorldAddresses:
+        await self.engine_sink.start()
+        await self.tap_sink.start()
+        await self.router_sink.start()
+        await self.fleet.start()
+        workers = {str(g): url for g, url in enumerate(self.fleet.worker_urls)}
+        self.tap = Tap(
+            workers, self.tap_sink, capacity=self.options.batch,
+            policy=self.options.router_policy,
+            progress_interval_s=self.options.progress_interval_s, emit_ready=False,
+        )  # fmt: skip
+        tap_url = await self._serve(self.tap.app)
+        self.router = Router(
+            list(workers), tap_url, capacity=self.options.batch,
+            policy=self.options.router_policy, sink=self.router_sink,
+        )  # fmt: skip
+        router_url = await self._serve(self.router.app)
+        self.addresses = WorldAddresses(router_url, tap_url, workers)
+        return self.addresses
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        for task in self._tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+        await self.fleet.stop()
+        await self.router_sink.aclose()
+        await self.tap_sink.aclose()
+        await self.engine_sink.aclose()
