@@ -400,7 +400,10 @@ def serve(
     if demo is None:
         demo = config is None and not settings.engines and not settings.demo
         demo = demo or settings.demo
-    settings = settings.model_copy(update={"demo": demo})
+    update: dict[str, object] = {"demo": demo}
+    if demo and config is None:
+        update["window_s"] = 10.0  # windows within seconds for a newcomer
+    settings = settings.model_copy(update=update)
     url = f"http://{settings.host}:{settings.port}"
     console.print(f"[bold]shadow service[/bold] on {url}   database {settings.db}")
     console.print(f"  API and OpenAPI docs: {url}/docs    fleets: {url}/v1/fleets")

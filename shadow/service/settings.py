@@ -62,7 +62,7 @@ class ServiceSettings(BaseModel):
     demo: bool = False
     demo_workers: int = Field(4, ge=1, le=64)
     demo_batch: int = Field(16, ge=1)
-    demo_time_scale: float = Field(1.0, gt=0)
+    demo_time_scale: float = Field(0.3, gt=0)
     demo_load: float = Field(0.9, gt=0)
 
     def check(self) -> None:
