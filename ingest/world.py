@@ -63,7 +63,14 @@ class World:
     async def _serve(self, app: object) -> str:
         port = free_port()
         server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="on",
+                timeout_keep_alive=120,  # longer than any client idles: no reuse-vs-close race
+            )
         )
         self._servers.append(server)
         self._tasks.append(asyncio.create_task(server.serve()))

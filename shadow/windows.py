@@ -12,7 +12,10 @@ the Survival predictor (the window is flagged).
 Window metrics cover the steps that start inside the window. A window's replay holds
 only its own arrivals, so whatever runs past its end meets a lighter fleet than it really
 did; every metric is therefore measured inside the window, for the observed and the
-replayed run alike. TPOT is per request active in the window: the time between its first
+replayed run alike. A window whose dispatches landed mid-step (a live router decides on
+arrival) is replayed deciding on arrival; one whose dispatches fell on step boundaries (a
+recorded replay) round by round. TPOT is per request active in the window: the time
+between its first
 and last token inside the window over the tokens between them (requests with at least two
 tokens there). Pool wait is over the window's arrivals.
 `evaluate_window` is a pure function of a picklable `WindowSpec`, so it can run in a
@@ -82,6 +85,9 @@ class _Window:
     step_duration: dict[int, float] = field(default_factory=dict)
     step_running: dict[int, int] = field(default_factory=dict)
     history: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    #: dispatches that landed exactly on a step boundary, and those in the middle of a step
+    on_boundary: int = 0
+    mid_step: int = 0
 
     def request_ids(self) -> list[str]:
         return [rid for rid, _, _ in self.initial] + self.pool + self.arrivals
@@ -106,6 +112,8 @@ class WindowSpec:
     observed: dict[str, float]
     history: np.ndarray
     imputed: int
+    #: replay the window as its dispatches were observed: decided on arrival, mid-step
+    decide_on_arrival: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
             batch=spec.batch,
             step_model=spec.step_model,
             initial=spec.initial,
+            decide_on_arrival=spec.decide_on_arrival,
         )
         inside = result.step_start_ms < span_ms
         ends = result.step_end_ms[inside]
@@ -237,6 +246,7 @@ class WindowTracker:
         self._next_boundary: float | None = None
         self._pending_cut: float | None = None
         self._has_steps = False
+        self._last_step_end: float | None = None
         self._count = 0
         self._history: list[int] = []
 
@@ -314,6 +324,11 @@ class WindowTracker:
         self.current.arrivals.append(request_id)
 
     def on_dispatch(self, ts: float, request_id: str) -> None:
+        if self.current is not None and self._last_step_end is not None:
+            if abs(ts - self._last_step_end) <= 1e-6:
+                self.current.on_boundary += 1
+            else:
+                self.current.mid_step += 1
         info = self.requests.get(request_id)
         if info is not None and info.dispatch_ts is None:
             info.dispatch_ts = ts
@@ -332,6 +347,7 @@ class WindowTracker:
         self, ts: float, worker_id: str, step: int, duration_ms: float, running: int, kv: int
     ) -> None:
         start = ts - duration_ms / 1000.0
+        self._last_step_end = ts
         window = self.current
         if window is None:
             return
@@ -419,6 +435,7 @@ class WindowTracker:
             observed,
             window.history,
             imputed,
+            decide_on_arrival=window.mid_step > window.on_boundary,
         )
 
     def close(self, t_end: float) -> None:

@@ -46,7 +46,7 @@ def wait_until(predicate, timeout: float = 20.0, every: float = 0.25):
     raise AssertionError("condition not met in time")
 
 
-def e2e_workload(requests: int = 200) -> Workload:
+def e2e_workload(requests: int = 300) -> Workload:
     """Prompts around 2,000 tokens and outputs of 60-200: loads big enough that imbalance
     is made by the routing, not by a single placement."""
     rng = np.random.default_rng(2)
@@ -75,7 +75,7 @@ def e2e(tmp_path_factory):
 
 def test_every_stream_is_byte_identical_through_router_and_tap(e2e):
     _, _, _, outcomes, digests, _ = e2e
-    assert len(outcomes) == 200
+    assert len(outcomes) == 300
     assert all(o.complete and o.error is None for o in outcomes)
     assert all(digests[o.request_id] == o.digest for o in outcomes)
 
@@ -107,17 +107,18 @@ def test_after_the_load_the_mirror_equals_the_engines_and_nothing_was_violated(e
     assert set(mirror) == {"0", "1", "2", "3"} and all(v == 0 for v in running.values())
     assert client.get("/v1/fleets/default/violations").json()["total"] == 0
     decisions = client.get("/v1/fleets/default/decisions", params={"policy": "jsq"}).json()
-    assert decisions["total"] == 200
+    assert decisions["total"] == 300
     agreeing = client.get(
         "/v1/fleets/default/decisions", params={"policy": "jsq", "limit": 1000}
     ).json()["items"]
-    assert sum(d["mirror_jsq_agrees"] for d in agreeing) >= 0.9 * 200
+    assert sum(d["mirror_jsq_agrees"] for d in agreeing) >= 0.9 * 300
 
 
 def test_windowed_replay_of_jsq_matches_what_was_observed(e2e):
-    """Step time matches in every window. Imbalance matches over the run: in one live
-    window a few requests placed differently by races (a dispatch mid-step, the router's
-    in-flight count lagging the engine) move the mean by more than 10% either way."""
+    """Step time matches in every window. Imbalance matches over the run: within one live
+    window the replay's clock drifts from the real one by tens of milliseconds, so an
+    arrival can fall on the other side of a completion, JSQ breaks a tie the other way,
+    and one big prompt placed elsewhere moves that window's mean by more than 10%."""
     _, _, _, _, _, client = e2e
 
     def evaluated():

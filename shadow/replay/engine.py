@@ -111,8 +111,14 @@ def replay(
     step_model: StepModel | None = None,
     initial: Sequence[InitialRequest] = (),
     progress: ProgressCallback | None = None,
+    decide_on_arrival: bool = False,
 ) -> ReplayResult:
-    """Replay `workload` on a fleet of `workers` x `batch` slots under `policy`."""
+    """Replay `workload` on a fleet of `workers` x `batch` slots under `policy`.
+
+    By default the policy runs its round before each step (BALANCEROUTE.md). With
+    `decide_on_arrival` a request arriving during a step is decided at once, on that
+    step's state, as a live router does; it still first decodes in the next step.
+    """
     if workers < 1 or batch < 1:
         raise ValueError(f"workers and batch must be >= 1, got {workers} and {batch}")
     model = step_model or StepModel()
@@ -170,6 +176,58 @@ def replay(
     sched: list[float] = []
     started: list[int] = []
 
+    def admission_round(view_step: int, on_arrival_until: float | None) -> None:
+        """One round on the state of step `view_step`; admitted requests start at `step`.
+
+        With `on_arrival_until` (decide on arrival), the round runs during a step on that
+        step's state, for the requests that arrived in it; each is recorded as assigned
+        at its arrival time.
+        """
+        nonlocal pool
+        free = np.maximum(batch - fleet.count, 0)
+        if not pool.size or not (queued or free.sum() > 0):
+            return
+        active = fleet.active
+        generated = view_step - fleet.admit_step[active]
+        snapshot = FleetSnapshot(
+            worker_ids,
+            capacity,
+            fleet.count.copy(),
+            fleet.loads(view_step),
+            ActiveSet(
+                fleet.worker[active],
+                prompt[active],
+                generated,
+                keys[active],
+                output[active] - generated,
+            ),
+            np.array([len(q) for q in queues], dtype=np.int64),
+        )
+        ready = ReadyPool(pool, prompt[pool], keys[pool])
+        clock = time.perf_counter()
+        admissions = policy.admit(snapshot, ready)
+        sched.append((time.perf_counter() - clock) * 1000.0)
+        if not admissions and on_arrival_until is None:
+            raise RuntimeError(
+                f"policy {policy.name} admitted nothing with {pool.size} ready requests "
+                f"and {int(free.sum())} free slots (step {step})"
+            )
+        taken = []
+        for request_id, g in admissions:
+            request = int(request_id)
+            taken.append(request)
+            if queued:
+                queues[g].append(request)
+            else:
+                decided = now if on_arrival_until is None else float(ready_ms[request])
+                fleet.admit(request, g, step, decided, int(prompt[request]), int(output[request]))
+                started.append(request)
+        if taken:
+            # The pool stays sorted (requests join in index order), so positions are a search.
+            keep = np.ones(pool.size, dtype=bool)
+            keep[np.searchsorted(pool, taken)] = False
+            pool = pool[keep]
+
     while True:
         # Arrivals up to now join the pool.
         upto = int(np.searchsorted(trace_ready_ms, now, side="right"))
@@ -184,46 +242,7 @@ def replay(
             continue
 
         # Admission round.
-        free = np.maximum(batch - fleet.count, 0)
-        if pool.size and (queued or free.sum() > 0):
-            active = fleet.active
-            generated = step - fleet.admit_step[active]
-            snapshot = FleetSnapshot(
-                worker_ids,
-                capacity,
-                fleet.count.copy(),
-                fleet.loads(step),
-                ActiveSet(
-                    fleet.worker[active],
-                    prompt[active],
-                    generated,
-                    keys[active],
-                    output[active] - generated,
-                ),
-                np.array([len(q) for q in queues], dtype=np.int64),
-            )
-            ready = ReadyPool(pool, prompt[pool], keys[pool])
-            clock = time.perf_counter()
-            admissions = policy.admit(snapshot, ready)
-            sched.append((time.perf_counter() - clock) * 1000.0)
-            if not admissions:
-                raise RuntimeError(
-                    f"policy {policy.name} admitted nothing with {pool.size} ready requests "
-                    f"and {int(free.sum())} free slots (step {step})"
-                )
-            taken = []
-            for request_id, g in admissions:
-                request = int(request_id)
-                taken.append(request)
-                if queued:
-                    queues[g].append(request)
-                else:
-                    fleet.admit(request, g, step, now, int(prompt[request]), int(output[request]))
-                    started.append(request)
-            # The pool stays sorted (requests join in index order), so positions are a search.
-            keep = np.ones(pool.size, dtype=bool)
-            keep[np.searchsorted(pool, taken)] = False
-            pool = pool[keep]
+        admission_round(step, None)
         if queued:
             for g in range(workers):
                 while queues[g] and fleet.count[g] < batch:
@@ -243,11 +262,13 @@ def replay(
         block = fleet.base[None, :] + fleet.count[None, :] * offsets[:, None]
         block_durations = model.a_ms_per_token * block.max(axis=1) + model.b_ms
         ends = now + np.cumsum(block_durations)
+        cut_by_arrival = False
         if (fleet.count < batch).any() and arrived < n_trace:
             # Stop at the first step boundary at or after the next arrival, so the next
             # admission round sees it.
             cut = int(np.searchsorted(ends, ready_ms[arrived], side="left"))
             if cut < length:
+                cut_by_arrival = True
                 length = cut + 1
                 block, block_durations, ends = (
                     block[:length],
@@ -262,6 +283,18 @@ def replay(
         block_lengths.append(length)
         now = float(ends[-1])
         step += length
+
+        if decide_on_arrival and cut_by_arrival and not queued:
+            # A live router decides when the request arrives, during this step, on this
+            # step's state (its finishing requests still hold their slots).
+            upto = int(np.searchsorted(trace_ready_ms, now, side="right"))
+            if upto > arrived:
+                pool = np.concatenate((pool, np.arange(arrived, upto, dtype=np.int64)))
+                arrived = upto
+            admission_round(step - 1, now)
+            if started:
+                fleet.active = np.concatenate((fleet.active, np.array(started, dtype=np.int64)))
+                started.clear()
 
         # Completions at the end of the stretch free their slots; predictors learn from them.
         done_mask = fleet.finish_step[fleet.active] == step - 1
