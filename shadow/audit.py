@@ -16,6 +16,7 @@ and decisions the other, never snapshots.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -66,6 +67,8 @@ class Decision(NamedTuple):
     f_brh_best: float
     mirror_jsq_agrees: bool
     router_view_agrees: bool | None
+    #: wall time of this policy's decision on the snapshot
+    latency_ms: float
     #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity"}
     snapshot: str
 
@@ -165,14 +168,17 @@ class Auditor:
         scored = open_mask if any_open else np.ones_like(open_mask)
 
         choices: dict[str, object] = {}
+        latency: dict[str, float] = {}
         invalid = []
         for name, policy in self.policies.items():
             admitted = []
+            started = time.perf_counter()
             if any_open:
                 if policy is self._horizon:
                     admitted = policy.admit(snapshot, pool, projection)  # type: ignore[call-arg]
                 else:
                     admitted = policy.admit(snapshot, pool)
+            latency[name] = (time.perf_counter() - started) * 1000.0
             choice = admitted[0].worker if admitted else None
             choices[name] = choice
             if choice is not None and free[workers.index(choice)] <= 0:
@@ -215,6 +221,7 @@ class Auditor:
                     brh_best,
                     jsq_choice == job.incumbent_worker,
                     None if view_choice is None else view_choice == job.incumbent_worker,
+                    latency[name],
                     frozen,
                 )
             )

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shadow.mirror import FleetMirror
-from shadow.policies import ActiveSet, BalanceRouteConfig, make_policy
+from shadow.policies import ActiveSet, BalanceRouteConfig, make_aa_policy, make_policy
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.replay import InitialRequest, replay
 from shadow.workload import StepModel, Workload
@@ -45,6 +45,8 @@ WINDOW_METRICS = (
     "steps",
 )
 OBSERVED = "observed"
+#: the incumbent replayed against itself with other tie-breaks (the A/A noise floor)
+AA = "aa"
 IMPUTE_HORIZON = 1_000_000
 
 
@@ -52,7 +54,7 @@ IMPUTE_HORIZON = 1_000_000
 class WindowConfig:
     length_s: float = 30.0
     max_lag_s: float = 600.0
-    policies: tuple[str, ...] = ("jsq", "br0", "brh-survival", "brh-oracle")
+    policies: tuple[str, ...] = ("jsq", "random", "br0", "brh-survival", "brh-oracle")
     incumbent: str = "jsq"
     history_limit: int = 20_000
     balance_route: BalanceRouteConfig = field(default_factory=BalanceRouteConfig)
@@ -166,13 +168,16 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
     span_ms = (spec.t_end - spec.t_start) * 1000.0
     metrics: dict[str, dict[str, float]] = {OBSERVED: spec.observed}
     trace_count = len(spec.arrivals)
-    for name in spec.policies:
+    runs = [(name, None) for name in spec.policies]
+    if spec.incumbent in spec.policies:
+        runs.append((AA, make_aa_policy(spec.incumbent, seed=spec.index + 1)))
+    for name, given in runs:
         predictor = None
         if name in ("brh-survival", "brh-exactmatch"):
             predictor = make_policy(name).predictor  # type: ignore[attr-defined]
             if spec.history.size:
                 predictor.observe_many(spec.history)
-        policy = make_policy(name, config=spec.balance_route, predictor=predictor)
+        policy = given or make_policy(name, config=spec.balance_route, predictor=predictor)
         result = replay(
             spec.arrivals,
             policy,

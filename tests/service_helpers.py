@@ -16,12 +16,12 @@ from shadow.service.process import ServerProcess
 from shadow.workload import StepModel
 
 
-def record(path: Path, requests: int = 2500, seed: int = 0):
+def record(path: Path, requests: int = 2500, seed: int = 0, load: float = 1.0):
     """A JSQ replay of the paper preset, emitted as an event log (known ground truth)."""
     model = StepModel()
     workload = retime(
         generate("paper-azure2024", seed=seed, n=requests),
-        load=1.0,
+        load=load,
         workers=8,
         batch=64,
         step_model=model,

@@ -63,6 +63,15 @@ def make_policy(
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 
+def make_aa_policy(name: str, seed: int = 1) -> Policy:
+    """The incumbent against itself for the A/A noise floor: the same rule with its
+    arbitrary choices (ties, randomness) drawn differently."""
+    cls = BASELINE_POLICIES.get(name)
+    if cls is not None and name in ("jsq", "ltl"):
+        return cls(seed=seed, random_ties=True)  # type: ignore[call-arg]
+    return make_policy(name, seed=seed)
+
+
 __all__ = [
     "NO_KEY",
     "POLICY_NAMES",
@@ -78,6 +87,7 @@ __all__ = [
     "ReadyRequest",
     "WorkerView",
     "horizon_scores",
+    "make_aa_policy",
     "make_policy",
     "project_loads",
     "prompt_key_id",

@@ -63,15 +63,21 @@ class RoundRobinPolicy(SlotFillingPolicy):
 
 
 class JoinShortestQueuePolicy(SlotFillingPolicy):
-    """Fewest active requests, ties to the lowest index: the incumbent in the field."""
+    """Fewest active requests, ties to the lowest index: the incumbent in the field.
+
+    `random_ties` breaks ties at random instead (seeded): the A/A replay, which shows how
+    much a window's metrics move on arbitrary choices alone."""
 
     name = "jsq"
 
-    def __init__(self, seed: int = 0) -> None:
-        pass
+    def __init__(self, seed: int = 0, random_ties: bool = False) -> None:
+        self._rng = _random.Random(seed) if random_ties else None
 
     def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
-        return min((c, g) for g, c in enumerate(count) if free[g] > 0)[1]
+        fewest = min(c for g, c in enumerate(count) if free[g] > 0)
+        if self._rng is None:
+            return next(g for g, c in enumerate(count) if c == fewest and free[g] > 0)
+        return self._rng.choice([g for g, c in enumerate(count) if c == fewest and free[g] > 0])
 
 
 class PowerOfTwoPolicy(SlotFillingPolicy):
@@ -91,15 +97,17 @@ class PowerOfTwoPolicy(SlotFillingPolicy):
 
 
 class LeastTokenLoadPolicy(SlotFillingPolicy):
-    """Lowest KV load `L_g`, ties to the lowest index."""
+    """Lowest KV load `L_g`, ties to the lowest index (or at random, seeded: A/A)."""
 
     name = "ltl"
 
-    def __init__(self, seed: int = 0) -> None:
-        pass
+    def __init__(self, seed: int = 0, random_ties: bool = False) -> None:
+        self._rng = _random.Random(seed) if random_ties else None
 
     def choose(self, free: list[int], count: list[int], load: list[int], prompt: int) -> int:
-        return min((tokens, g) for g, tokens in enumerate(load) if free[g] > 0)[1]
+        lowest = min(tokens for g, tokens in enumerate(load) if free[g] > 0)
+        ties = [g for g, tokens in enumerate(load) if tokens == lowest and free[g] > 0]
+        return ties[0] if self._rng is None else self._rng.choice(ties)
 
 
 class VllmDpLoadBalancerPolicy(Policy):

@@ -43,7 +43,7 @@ class ServiceSettings(BaseModel):
     window_s: float = Field(30.0, gt=0)
     window_max_lag_s: float = Field(600.0, gt=0)
     window_policies: list[str] = Field(
-        default_factory=lambda: ["jsq", "br0", "brh-survival", "brh-oracle"]
+        default_factory=lambda: ["jsq", "random", "br0", "brh-survival", "brh-oracle"]
     )
     incumbent: str = "jsq"
     ghost_ttl_s: float = Field(120.0, gt=0)

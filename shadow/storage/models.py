@@ -258,6 +258,7 @@ class DecisionRow(Base):
     mirror_jsq_agrees: Mapped[bool] = mapped_column(Boolean, nullable=False)
     router_view_agrees: Mapped[bool | None] = mapped_column(Boolean)
     snapshot: Mapped[str] = mapped_column(Text, nullable=False)
+    latency_ms: Mapped[float | None] = mapped_column(Double)
 
     __mapper_args__ = {"primary_key": [ingest_id, policy]}  # noqa: RUF012
 
@@ -334,3 +335,63 @@ class EngineSampleRow(Base):
     mirror_active: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
     __mapper_args__ = {"primary_key": [fleet, worker, ts]}  # noqa: RUF012
+
+
+# -- modes, audit log and gate runs (migration 0004) ------------------------------------
+
+GATE_RUN_ID_SEQUENCE = Sequence("gate_runs_id_seq")
+"""Gate run ids come from this sequence (DuckDB has no SERIAL)."""
+
+
+class FleetModeRow(Base):
+    """The persisted mode state machine of one fleet (see ``shadow.modes``)."""
+
+    __tablename__ = "fleet_modes"
+
+    fleet: Mapped[str] = mapped_column(Text, primary_key=True)
+    mode: Mapped[str] = mapped_column(Text, nullable=False)
+    policy: Mapped[str | None] = mapped_column(Text)
+    since: Mapped[float] = mapped_column(Double, nullable=False)
+    trips_json: Mapped[str] = mapped_column(Text, nullable=False)
+    recent_json: Mapped[str | None] = mapped_column(Text)
+    healthy_windows: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    frozen: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    cooldown_until: Mapped[float | None] = mapped_column(Double)
+    last_gate_verdict: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Double, nullable=False)
+
+
+class AuditLogRow(Base):
+    """One append-only, hash-chained audit entry (see ``shadow.auditlog``)."""
+
+    __tablename__ = "audit_log"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    fleet: Mapped[str | None] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    actor: Mapped[str] = mapped_column(Text, nullable=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[str] = mapped_column(Text, nullable=False)
+    prev_hash: Mapped[str] = mapped_column(Text, nullable=False)
+    hash: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class GateRunRow(Base):
+    """One promotion-gate verdict for a candidate against a baseline on one fleet."""
+
+    __tablename__ = "gate_runs"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger,
+        GATE_RUN_ID_SEQUENCE,
+        primary_key=True,
+        server_default=text("nextval('gate_runs_id_seq')"),
+    )
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    candidate: Mapped[str] = mapped_column(Text, nullable=False)
+    baseline: Mapped[str] = mapped_column(Text, nullable=False)
+    verdict: Mapped[str] = mapped_column(Text, nullable=False)
+    exit_code: Mapped[int] = mapped_column(Integer, nullable=False)
+    report: Mapped[str] = mapped_column(Text, nullable=False)

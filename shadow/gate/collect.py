@@ -1,0 +1,190 @@
+"""Reads the gate's evidence for one fleet and time range out of the service's database.
+
+Paired windows (the candidate's and the incumbent's replay of the same window, and the
+A/A replay), the decision audit (how many dispatches, the candidate's decision latency and
+invalid decisions), critical invariant violations, the candidate predictor's calibration
+on the fleet's completed requests, and the disagreements that say most.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from shadow.gate.evidence import Evidence, WindowPair
+from shadow.policies import NO_KEY, prompt_key_id
+from shadow.predict import ExactMatchPredictor, SurvivalPredictor, calibrate
+from shadow.service.store import ServiceStore
+from shadow.windows import AA
+
+PREDICTED = {"brh-survival": SurvivalPredictor, "brh-exactmatch": ExactMatchPredictor}
+WINDOW_FIELDS = ("imbalance_mean", "throughput_tok_s", "tpot_p95_ms", "gap_mean",
+                 "step_ms_mean", "steps")  # fmt: skip
+
+
+def _range(column: str, since: float | None, until: float | None) -> tuple[str, dict]:
+    clauses, params = [], {}
+    if since is not None:
+        clauses.append(f"{column} >= :since")
+        params["since"] = since
+    if until is not None:
+        clauses.append(f"{column} < :until")
+        params["until"] = until
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+def _metrics(row: dict[str, Any] | None) -> dict[str, float] | None:
+    if row is None:
+        return None
+    return {k: float(row[k]) if row[k] is not None else float("nan") for k in WINDOW_FIELDS}
+
+
+def collect_evidence(
+    store: ServiceStore,
+    *,
+    fleet: str,
+    candidate: str,
+    baseline: str,
+    since: float | None = None,
+    until: float | None = None,
+    horizon: int = 80,
+    disagreements: int = 5,
+) -> Evidence:
+    window_clause, window_params = _range("t_start", since, until)
+    params = {"fleet": fleet, **window_params}
+    windows = store.query(
+        f"SELECT * FROM windows WHERE fleet = :fleet{window_clause} ORDER BY window_index",
+        params,
+    )
+    metrics: dict[int, dict[str, dict[str, Any]]] = {}
+    if windows:
+        low, high = windows[0]["window_index"], windows[-1]["window_index"]
+        for row in store.query(
+            "SELECT * FROM window_metrics WHERE fleet = :fleet AND window_index BETWEEN :low "
+            "AND :high AND policy IN (:candidate, :baseline, :aa)",
+            {"fleet": fleet, "low": low, "high": high, "candidate": candidate,
+             "baseline": baseline, "aa": AA},
+        ):  # fmt: skip
+            metrics.setdefault(row["window_index"], {})[row["policy"]] = row
+    pairs = []
+    for window in windows:
+        found = metrics.get(window["window_index"], {})
+        if candidate not in found or baseline not in found:
+            continue
+        pairs.append(
+            WindowPair(
+                window["window_index"],
+                int(window["requests"]),
+                _metrics(found[baseline]),
+                _metrics(found[candidate]),
+                _metrics(found.get(AA)),
+                window["fidelity_imbalance"],
+                window["fidelity_step"],
+            )
+        )
+
+    ts_clause, ts_params = _range("ts", since, until)
+    base = {"fleet": fleet, **ts_params}
+    audited = store.query(
+        f"SELECT count(DISTINCT ingest_id) AS n, min(ingest_id) AS low, max(ingest_id) AS high "
+        f"FROM decisions WHERE fleet = :fleet{ts_clause}",
+        base,
+    )[0]
+    latency = store.query(
+        f"SELECT count(*) AS n, quantile_cont(latency_ms, 0.99) AS p99 FROM decisions "
+        f"WHERE fleet = :fleet AND policy = :candidate AND latency_ms IS NOT NULL{ts_clause}",
+        {**base, "candidate": candidate},
+    )[0]
+    critical = store.query(
+        f"SELECT count(*) AS n FROM violations WHERE fleet = :fleet AND severity = 'critical' "
+        f"AND kind != 'invalid_shadow_decision'{ts_clause}",
+        base,
+    )[0]["n"]
+    errors = store.query(
+        f"SELECT count(*) AS n FROM violations WHERE fleet = :fleet "
+        f"AND kind = 'invalid_shadow_decision' AND detail LIKE :who{ts_clause}",
+        {**base, "who": f"{candidate} chose %"},
+    )[0]["n"]
+    step_values = [
+        float(r["step_ms_mean"])
+        for r in store.query(
+            f"SELECT m.step_ms_mean FROM window_metrics m JOIN windows w USING (fleet, "
+            f"window_index) WHERE m.fleet = :fleet AND m.policy = 'observed'{window_clause}",
+            params,
+        )
+        if r["step_ms_mean"] is not None
+    ]
+    return Evidence(
+        fleet=fleet,
+        candidate=candidate,
+        baseline=baseline,
+        since=since,
+        until=until,
+        windows=tuple(pairs),
+        decisions=int(audited["n"] or 0),
+        critical_violations=int(critical),
+        candidate_errors=int(errors),
+        decision_latency_p99_ms=None if not latency["n"] else float(latency["p99"]),
+        step_ms_mean=float(np.mean(step_values)) if step_values else None,
+        calibration_auc=_calibration(store, fleet, candidate, since, until, horizon),
+        evidence_ids={
+            "windows": [p.window_index for p in pairs],
+            "decision_ingest_ids": [audited["low"], audited["high"]],
+            "database": str(store.path),
+        },
+        disagreements=tuple(
+            _disagreements(store, fleet, candidate, ts_clause, base, disagreements)
+        ),
+    )
+
+
+def _calibration(
+    store: ServiceStore,
+    fleet: str,
+    candidate: str,
+    since: float | None,
+    until: float | None,
+    horizon: int,
+) -> float | None:
+    """AUC of "finishes within H" for the candidate's predictor on the fleet's completed
+    requests (None when the candidate predicts nothing or knows the truth: the oracle)."""
+    predictor_type = PREDICTED.get(candidate)
+    if predictor_type is None:
+        return None
+    clause, params = _range("f.ts", since, until)
+    rows = store.query(
+        f"SELECT f.output_tokens AS o, r.prompt_hash AS h FROM events f LEFT JOIN events r "
+        f"ON r.fleet = f.fleet AND r.request_id = f.request_id AND r.type = 'ready' "
+        f"WHERE f.fleet = :fleet AND f.type = 'finish' AND f.reason IN ('stop', 'length') "
+        f"AND f.output_tokens >= 1{clause}",
+        {"fleet": fleet, **params},
+    )
+    if len(rows) < 10:
+        return None
+    outputs = np.array([r["o"] for r in rows], dtype=np.int64)
+    keys = np.array(
+        [prompt_key_id(r["h"]) if r["h"] is not None else int(NO_KEY) for r in rows],
+        dtype=np.int64,
+    )
+    predictor = predictor_type()
+    predictor.observe_many(outputs, keys)
+    score = calibrate(predictor, outputs, keys, horizon=horizon).auc
+    return None if np.isnan(score) else float(score)
+
+
+def _disagreements(
+    store: ServiceStore, fleet: str, candidate: str, clause: str, params: dict, limit: int
+) -> list[dict[str, Any]]:
+    """The candidate's disagreements that would have changed the gap the most."""
+    rows = store.query(
+        f"SELECT ingest_id, ts, request_id, prompt_tokens, incumbent_worker, choice, "
+        f"f_br0_incumbent, f_br0_choice, f_brh_incumbent, f_brh_choice, snapshot "
+        f"FROM decisions WHERE fleet = :fleet AND policy = :candidate AND NOT agrees"
+        f"{clause} ORDER BY (f_br0_choice - f_br0_incumbent) DESC, ingest_id LIMIT :limit",
+        {**params, "candidate": candidate, "limit": limit},
+    )
+    for row in rows:
+        row["snapshot"] = json.loads(row["snapshot"])
+    return rows

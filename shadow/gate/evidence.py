@@ -1,0 +1,61 @@
+"""What the promotion gate decides on: plain, frozen data, assembled elsewhere.
+
+The gate itself never reads a database; whoever gathers the evidence (windows, audit,
+invariants, calibration) builds these and hands them to `decide`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WINDOW_METRIC_KEYS = (
+    "imbalance_mean",
+    "throughput_tok_s",
+    "tpot_p95_ms",
+    "gap_mean",
+    "step_ms_mean",
+    "steps",
+)
+
+
+@dataclass(frozen=True)
+class WindowPair:
+    """One replay window: the incumbent, the candidate and the A/A run on the same snapshot.
+
+    `aa` is the incumbent replayed against itself with other tie-break seeds (None when not
+    run). `fidelity_*` are replayed incumbent / observed incumbent (None or NaN when the
+    window has nothing observed to compare with).
+    """
+
+    window_index: int
+    requests: int
+    incumbent: dict[str, float]
+    candidate: dict[str, float]
+    aa: dict[str, float] | None = None
+    fidelity_imbalance: float | None = None
+    fidelity_step: float | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything one gate run looks at, for one fleet, candidate and baseline.
+
+    `calibration_auc` None means the candidate has no predictor (the guard does not
+    apply); `decision_latency_p99_ms` None means the latency was not measured (missing
+    evidence, never a pass). `step_ms_mean` is the measured mean step time in ms.
+    """
+
+    fleet: str
+    candidate: str
+    baseline: str
+    since: float | None
+    until: float | None
+    windows: tuple[WindowPair, ...]
+    decisions: int
+    critical_violations: int
+    candidate_errors: int
+    decision_latency_p99_ms: float | None
+    step_ms_mean: float | None
+    calibration_auc: float | None
+    evidence_ids: dict = field(default_factory=dict)
+    disagreements: tuple[dict, ...] = ()

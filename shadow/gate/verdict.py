@@ -1,0 +1,741 @@
+"""The promotion gate's decision: one row per metric with a role, one verdict, one reason.
+
+Pure and deterministic: the same evidence and thresholds give the same report, byte for
+byte once dumped as JSON with sorted keys. Roles instead of a blended score (a weighted
+score can hide a regression), margins on bootstrap intervals instead of p-values, and no
+data is never a pass (GATE.md).
+
+Rules (exact):
+
+- HARD `critical_violations`, `candidate_errors`: count <= the allowed maximum.
+- HARD `decision_latency_p99_ms`: P99 <= `decision_latency_p99_ms_max` and, when the
+  measured step time is known, P99 <= `decision_latency_step_fraction_max` x step time.
+  Unknown latency is missing evidence (INCONCLUSIVE), never a pass.
+- PRIMARY `throughput_ratio` (candidate / incumbent `throughput_tok_s`): pass when the CI
+  low >= margin, FAIL when the CI high < margin, else it straddles (INCONCLUSIVE).
+- PRIMARY `tpot_p95_ratio` (`tpot_p95_ms`): pass when the CI high <= margin, FAIL when the
+  CI low > margin, else it straddles (INCONCLUSIVE).
+- OBJECTIVE `imbalance_ratio` (`imbalance_mean`): shown when the CI high < margin, else
+  MARGINAL.
+- GUARD `replay_fidelity`: over the windows where both fidelities are measured (not None,
+  not NaN; an infinite one counts as out), a window is within tolerance when
+  |fidelity_imbalance - 1| <= tol and |fidelity_step - 1| <= tol. It passes when at least
+  `fidelity_window_share_min` (90%) of those windows are within tolerance AND the median
+  of each fidelity over those windows is within tol of 1. No measured window, or a
+  failure, is INCONCLUSIVE: a replay that does not reproduce the incumbent cannot judge
+  the candidate.
+- GUARD `predictor_calibration`: AUC >= min; not applicable when the candidate has no
+  predictor (AUC None); below the minimum (or NaN) is MARGINAL.
+- `noise_floor` (A/A): bootstrap CIs of aa / incumbent for throughput and TPOT P95. It is
+  wider than the margins when the A/A throughput CI low < the throughput margin or the
+  A/A TPOT CI high > the TPOT margin (each checked only for a PRIMARY that decides, i.e.
+  not dry run). Wider, or no A/A at all, is INCONCLUSIVE.
+- `evidence`: windows >= `min_windows` and decisions >= `min_decisions`, else INCONCLUSIVE.
+
+Verdict order: ERROR (no windows, a baseline or candidate never replayed, or unreadable
+values) > FAIL > INCONCLUSIVE > MARGINAL > PASS. Within a verdict the deciding rule is
+the first finding in row order (INCONCLUSIVE: evidence, latency, fidelity, noise floor,
+then the PRIMARY intervals); the others are named after it. Dry-run metrics are
+computed and printed but never decide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from shadow.gate.evidence import WINDOW_METRIC_KEYS, Evidence
+from shadow.gate.statistics import BootstrapResult, histogram_text, paired_ratio_bootstrap
+from shadow.gate.thresholds import GATE_METRICS, Thresholds
+
+SCHEMA_VERSION = 1
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3, "MARGINAL": 4, "ERROR": 5}
+USAGE_EXIT_CODE = 2
+ROLES = {
+    "critical_violations": "HARD",
+    "candidate_errors": "HARD",
+    "decision_latency_p99_ms": "HARD",
+    "throughput_ratio": "PRIMARY",
+    "tpot_p95_ratio": "PRIMARY",
+    "imbalance_ratio": "OBJECTIVE",
+    "replay_fidelity": "GUARD",
+    "predictor_calibration": "GUARD",
+    "noise_floor": "NOISE",
+    "evidence": "EVIDENCE",
+}
+# Which finding decides among several of the same verdict (the rest are named after it).
+_INCONCLUSIVE_ORDER = (
+    "evidence",
+    "decision_latency_p99_ms",
+    "replay_fidelity",
+    "noise_floor",
+    "throughput_ratio",
+    "tpot_p95_ratio",
+)
+_FIDELITY_EPS = 1e-9  # so a fidelity of exactly 1.10 is within a 10% tolerance
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One line of the gate table: what was measured, against which margin, and the outcome.
+
+    `margin` is the rule in words (e.g. ">= 0.99"); `label` the outcome ("pass", "fail",
+    "straddles", "missing", "not shown", "out of bounds", "n/a", "dry run", ...); `rule`
+    the evaluation with its numbers.
+    """
+
+    metric: str
+    role: str
+    n: int
+    incumbent: float | None
+    candidate: float | None
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    margin: str
+    label: str
+    rule: str
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, eq=False)
+class GateReport:
+    """The verdict, its exit code, the one sentence that explains it, and every row."""
+
+    verdict: str
+    exit_code: int
+    deciding_rule: str
+    rows: tuple[MetricRow, ...]
+    bootstrap: dict[str, BootstrapResult]
+    evidence: Evidence
+    thresholds: Thresholds
+
+    def row(self, metric: str) -> MetricRow:
+        for row in self.rows:
+            if row.metric == metric:
+                return row
+        raise KeyError(metric)
+
+    def exit_code_for(self, *, allow_marginal: bool = False, dry_run: bool = False) -> int:
+        """The process exit code under `--allow-marginal` / `--dry-run` (GATE.md)."""
+        if dry_run or (allow_marginal and self.verdict == "MARGINAL"):
+            return 0
+        return self.exit_code
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of what configures the run (not of the evidence)."""
+        ev = self.evidence
+        config = {
+            "thresholds": self.thresholds.as_dict(),
+            "candidate": ev.candidate,
+            "baseline": ev.baseline,
+            "fleet": ev.fleet,
+            "since": ev.since,
+            "until": ev.until,
+        }
+        return hashlib.sha256(_canonical(config).encode()).hexdigest()
+
+    def as_json(self, tool_version: str) -> dict[str, Any]:
+        """The `--json` document (schema 1); only plain JSON types, NaN as null."""
+        ev = self.evidence
+        return {
+            "schema": SCHEMA_VERSION,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "deciding_rule": self.deciding_rule,
+            "rows": [row.as_dict() for row in self.rows],
+            "bootstrap": {
+                name: _jsonable(
+                    {
+                        "point": b.point,
+                        "ci_low": b.ci_low,
+                        "ci_high": b.ci_high,
+                        "n": b.n,
+                        "dropped": b.dropped,
+                    }
+                )
+                for name, b in sorted(self.bootstrap.items())
+            },
+            "evidence": _jsonable(
+                {
+                    "fleet": ev.fleet,
+                    "candidate": ev.candidate,
+                    "baseline": ev.baseline,
+                    "since": ev.since,
+                    "until": ev.until,
+                    "windows": len(ev.windows),
+                    "decisions": ev.decisions,
+                    "critical_violations": ev.critical_violations,
+                    "candidate_errors": ev.candidate_errors,
+                    "decision_latency_p99_ms": ev.decision_latency_p99_ms,
+                    "step_ms_mean": ev.step_ms_mean,
+                    "calibration_auc": ev.calibration_auc,
+                }
+            ),
+            "thresholds": self.thresholds.as_dict(),
+            "evidence_ids": _jsonable(ev.evidence_ids),
+            "tool_version": tool_version,
+            "config_hash": self.config_hash(),
+            "disagreements": _jsonable(list(ev.disagreements)),
+        }
+
+
+@dataclass(frozen=True)
+class _Finding:
+    metric: str
+    effect: str  # FAIL, INCONCLUSIVE or MARGINAL
+    sentence: str
+
+
+class _Unreadable(Exception):
+    pass
+
+
+@dataclass
+class _Arrays:
+    inc: dict[str, np.ndarray]
+    cand: dict[str, np.ndarray]
+    aa: dict[str, np.ndarray]
+    fid_imbalance: np.ndarray
+    fid_step: np.ndarray
+
+
+def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateReport:
+    """Judge the evidence: rows per metric, then the verdict in GATE.md's order."""
+    t = thresholds if thresholds is not None else Thresholds()
+    try:
+        arrays = _read(evidence)
+    except _Unreadable as exc:
+        return _report("ERROR", f"ERROR: evidence unreadable: {exc}.", (), {}, evidence, t)
+
+    boot: dict[str, BootstrapResult] = {}
+    rows: list[MetricRow] = []
+    findings: list[_Finding] = []
+
+    def add(row: MetricRow, finding: _Finding | None) -> None:
+        if row.metric in t.dry_run:
+            row = dataclasses.replace(
+                row,
+                label="dry run",
+                rule=f"dry run (would be {row.label}): {row.rule}",
+                dry_run=True,
+            )
+        elif finding is not None:
+            findings.append(finding)
+        rows.append(row)
+
+    add(
+        *_count_row(
+            "critical_violations",
+            evidence.critical_violations,
+            t.critical_violations_max,
+            evidence.decisions,
+            "critical invariant violation",
+            "critical invariant violations",
+        )
+    )
+    add(
+        *_count_row(
+            "candidate_errors",
+            evidence.candidate_errors,
+            t.candidate_errors_max,
+            evidence.decisions,
+            "candidate decision error or timeout",
+            "candidate decision errors or timeouts",
+        )
+    )
+    add(*_latency_row(evidence, t))
+    for metric, key in (
+        ("throughput_ratio", "throughput_tok_s"),
+        ("tpot_p95_ratio", "tpot_p95_ms"),
+        ("imbalance_ratio", "imbalance_mean"),
+    ):
+        boot[metric] = _bootstrap(arrays.inc[key], arrays.cand[key], t)
+        add(*_ratio_row(metric, arrays.inc[key], arrays.cand[key], boot[metric], t))
+    add(*_fidelity_row(arrays, t))
+    add(*_calibration_row(evidence.calibration_auc, t))
+    boot["noise_floor.throughput"] = _bootstrap(
+        arrays.inc["throughput_tok_s"], arrays.aa["throughput_tok_s"], t
+    )
+    boot["noise_floor.tpot_p95"] = _bootstrap(
+        arrays.inc["tpot_p95_ms"], arrays.aa["tpot_p95_ms"], t
+    )
+    add(*_noise_row(arrays, boot, t))
+    add(*_evidence_row(evidence, t))
+
+    error = _error_reason(evidence, arrays)
+    if error is not None:
+        return _report("ERROR", f"ERROR: {error}.", tuple(rows), boot, evidence, t)
+    for verdict, order in (
+        ("FAIL", GATE_METRICS),
+        ("INCONCLUSIVE", _INCONCLUSIVE_ORDER),
+        ("MARGINAL", GATE_METRICS),
+    ):
+        hits = sorted(
+            (f for f in findings if f.effect == verdict), key=lambda f: order.index(f.metric)
+        )
+        if hits:
+            sentence = f"{verdict}: {hits[0].sentence}"
+            if len(hits) > 1:
+                sentence += "; also " + ", ".join(f.metric for f in hits[1:])
+            return _report(verdict, sentence + ".", tuple(rows), boot, evidence, t)
+    return _report("PASS", _pass_sentence(rows, boot, t), tuple(rows), boot, evidence, t)
+
+
+def explain(report: GateReport, metric: str) -> str:
+    """`--explain METRIC`: the rule evaluation and, for interval rules, the bootstrap."""
+    names = [row.metric for row in report.rows]
+    if metric not in names:
+        known = ", ".join(names or GATE_METRICS)
+        raise ValueError(f"unknown metric {metric!r}; known: {known}")
+    row = report.row(metric)
+    t = report.thresholds
+    lines = [
+        f"{row.metric} ({row.role}){' [dry run: never decides]' if row.dry_run else ''}",
+        f"  margin:  {row.margin}",
+        f"  outcome: {row.label}",
+        f"  rule:    {row.rule}",
+        f"  n:       {row.n}",
+    ]
+    if row.incumbent is not None or row.candidate is not None:
+        lines.append(f"  incumbent mean: {_f(row.incumbent)}, candidate mean: {_f(row.candidate)}")
+    keys = [k for k in sorted(report.bootstrap) if k == metric or k.startswith(metric + ".")]
+    if not keys:
+        lines.append("  (no bootstrap: this rule is not judged on an interval)")
+    for key in keys:
+        b = report.bootstrap[key]
+        lines.append("")
+        lines.append(
+            f"bootstrap {key}: ratio of means {_f(b.point)} "
+            f"[{_f(b.ci_low)}, {_f(b.ci_high)}] over {b.n} windows ({b.dropped} dropped), "
+            f"{t.bootstrap_resamples} resamples, {t.confidence:.0%} percentile interval, "
+            f"seed {t.seed}"
+        )
+        lines.append(histogram_text(b.samples))
+    return "\n".join(lines)
+
+
+# --- rows -------------------------------------------------------------------------------
+
+
+def _count_row(
+    metric: str, count: int, allowed: int, decisions: int, noun: str, plural: str
+) -> tuple[MetricRow, _Finding | None]:
+    text = f"{count} {noun if count == 1 else plural} (allowed {allowed})"
+    ok = count <= allowed
+    row = MetricRow(
+        metric,
+        "HARD",
+        decisions,
+        None,
+        float(count),
+        None,
+        None,
+        None,
+        f"<= {allowed}",
+        "pass" if ok else "fail",
+        text,
+        False,
+    )
+    return row, None if ok else _Finding(metric, "FAIL", f"HARD rule {metric}: {text}")
+
+
+def _latency_row(ev: Evidence, t: Thresholds) -> tuple[MetricRow, _Finding | None]:
+    metric = "decision_latency_p99_ms"
+    cap, frac = t.decision_latency_p99_ms_max, t.decision_latency_step_fraction_max
+    step = ev.step_ms_mean
+    step_known = step is not None and math.isfinite(step) and step > 0
+    margin = f"<= {_m(cap)} ms and <= {_m(frac)} x step"
+    p99 = ev.decision_latency_p99_ms
+
+    def row(value: float | None, label: str, text: str) -> MetricRow:
+        return MetricRow(
+            metric, "HARD", ev.decisions, None, value, None, None, None, margin, label, text, False
+        )
+
+    if p99 is None or math.isnan(p99):
+        text = "candidate decision latency P99 not measured"
+        return row(None, "missing", text), _Finding(metric, "INCONCLUSIVE", text)
+    broken = []
+    if p99 > cap:
+        broken.append(f"exceeds {_m(cap)} ms")
+    if step_known:
+        limit = frac * step  # type: ignore[operator]
+        step_text = f"{_m(frac)} x {step:.2f} ms step = {limit:.3f} ms"
+        if p99 > limit:
+            broken.append(f"exceeds {step_text}")
+    else:
+        step_text = "step time unknown, only the cap applies"
+    if broken:
+        text = f"decision latency P99 {p99:.3f} ms {' and '.join(broken)}"
+        return row(p99, "fail", text), _Finding(metric, "FAIL", f"HARD rule {metric}: {text}")
+    return row(p99, "pass", f"P99 {p99:.3f} ms <= {_m(cap)} ms ({step_text})"), None
+
+
+_RATIO_NAMES = {
+    "throughput_ratio": "throughput ratio",
+    "tpot_p95_ratio": "TPOT P95 ratio",
+    "imbalance_ratio": "imbalance ratio",
+}
+
+
+def _ratio_row(
+    metric: str, inc: np.ndarray, cand: np.ndarray, b: BootstrapResult, t: Thresholds
+) -> tuple[MetricRow, _Finding | None]:
+    name = _RATIO_NAMES[metric]
+    keep = np.isfinite(inc) & np.isfinite(cand)
+    inc_mean = float(inc[keep].mean()) if keep.any() else None
+    cand_mean = float(cand[keep].mean()) if keep.any() else None
+    shown = f"{name} {_f(b.point)} [{_f(b.ci_low)}, {_f(b.ci_high)}]"
+    measured = not (math.isnan(b.ci_low) or math.isnan(b.ci_high))
+    finding: _Finding | None = None
+    if metric == "throughput_ratio":
+        m = t.throughput_ratio_ci_low_min
+        margin = f"CI low >= {_m(m)}"
+        if not measured:
+            label, text = "missing", f"{name} not measured (no window with both values)"
+            finding = _Finding(metric, "INCONCLUSIVE", f"PRIMARY {metric}: {text}")
+        elif b.ci_low >= m:
+            label, text = "pass", f"{shown} >= {_m(m)}"
+        elif b.ci_high < m:
+            label, text = "fail", f"{shown} is entirely below {_m(m)}"
+            finding = _Finding(metric, "FAIL", f"PRIMARY rule {metric}: {text}")
+        else:
+            label, text = "straddles", f"{shown} straddles {_m(m)}"
+            finding = _Finding(metric, "INCONCLUSIVE", f"PRIMARY {metric}: {text}")
+        role = "PRIMARY"
+    elif metric == "tpot_p95_ratio":
+        m = t.tpot_p95_ratio_ci_high_max
+        margin = f"CI high <= {_m(m)}"
+        if not measured:
+            label, text = "missing", f"{name} not measured (no window with both values)"
+            finding = _Finding(metric, "INCONCLUSIVE", f"PRIMARY {metric}: {text}")
+        elif b.ci_high <= m:
+            label, text = "pass", f"{shown} <= {_m(m)}"
+        elif b.ci_low > m:
+            label, text = "fail", f"{shown} is entirely above {_m(m)}"
+            finding = _Finding(metric, "FAIL", f"PRIMARY rule {metric}: {text}")
+        else:
+            label, text = "straddles", f"{shown} straddles {_m(m)}"
+            finding = _Finding(metric, "INCONCLUSIVE", f"PRIMARY {metric}: {text}")
+        role = "PRIMARY"
+    else:
+        m = t.imbalance_ratio_ci_high_max
+        margin = f"CI high < {_m(m)}"
+        if not measured:
+            label, text = "not shown", f"{name} not measured (no window with both values)"
+        elif b.ci_high < m:
+            label, text = "shown", f"{shown} < {_m(m)}"
+        else:
+            label, text = "not shown", f"{shown} is not entirely below {_m(m)}"
+        if label != "shown":
+            finding = _Finding(metric, "MARGINAL", f"OBJECTIVE {metric} not shown: {text}")
+        role = "OBJECTIVE"
+    row = MetricRow(
+        metric,
+        role,
+        b.n,
+        inc_mean,
+        cand_mean,
+        _opt(b.point),
+        _opt(b.ci_low),
+        _opt(b.ci_high),
+        margin,
+        label,
+        text,
+        False,
+    )
+    return row, finding
+
+
+def _fidelity_row(a: _Arrays, t: Thresholds) -> tuple[MetricRow, _Finding | None]:
+    metric, tol, share_min = "replay_fidelity", t.fidelity_tolerance, t.fidelity_window_share_min
+    margin = f">= {share_min:.0%} of windows and both medians within {tol:.0%} of observed"
+    measured = ~np.isnan(a.fid_imbalance) & ~np.isnan(a.fid_step)
+    n = int(measured.sum())
+    if n == 0:
+        text = "replay fidelity not measured in any window"
+        row = MetricRow(
+            metric, "GUARD", 0, None, None, None, None, None, margin, "missing", text, False
+        )
+        return row, _Finding(metric, "INCONCLUSIVE", f"GUARD {text}")
+    fi, fs = a.fid_imbalance[measured], a.fid_step[measured]
+    bound = tol + _FIDELITY_EPS
+    within = (np.abs(fi - 1.0) <= bound) & (np.abs(fs - 1.0) <= bound)
+    share = float(within.mean())
+    med_i, med_s = float(np.median(fi)), float(np.median(fs))
+    ok = share >= share_min and abs(med_i - 1.0) <= bound and abs(med_s - 1.0) <= bound
+    text = (
+        f"{share:.0%} of {n} windows within {tol:.0%} of observed (need >= {share_min:.0%}), "
+        f"median imbalance fidelity {med_i:.3f}, step {med_s:.3f}"
+    )
+    row = MetricRow(
+        metric,
+        "GUARD",
+        n,
+        None,
+        None,
+        share,
+        None,
+        None,
+        margin,
+        "pass" if ok else "failed",
+        text,
+        False,
+    )
+    return row, None if ok else _Finding(metric, "INCONCLUSIVE", f"GUARD {metric} failed: {text}")
+
+
+def _calibration_row(auc: float | None, t: Thresholds) -> tuple[MetricRow, _Finding | None]:
+    metric, m = "predictor_calibration", t.calibration_auc_min
+    margin = f"AUC >= {_m(m)}"
+    if auc is None:
+        row = MetricRow(
+            metric,
+            "GUARD",
+            0,
+            None,
+            None,
+            None,
+            None,
+            None,
+            margin,
+            "n/a",
+            "not applicable: the candidate has no predictor",
+            False,
+        )
+        return row, None
+    if math.isnan(auc):
+        label, text = "missing", "predictor AUC not measured"
+    elif auc >= m:
+        label, text = "pass", f"AUC {auc:.3f} >= {_m(m)}"
+    else:
+        label, text = "out of bounds", f"AUC {auc:.3f} < {_m(m)}"
+    row = MetricRow(
+        metric, "GUARD", 0, None, _opt(auc), None, None, None, margin, label, text, False
+    )
+    if label == "pass":
+        return row, None
+    return row, _Finding(metric, "MARGINAL", f"GUARD {metric} out of bounds: {text}")
+
+
+def _noise_row(
+    a: _Arrays, boot: dict[str, BootstrapResult], t: Thresholds
+) -> tuple[MetricRow, _Finding | None]:
+    metric = "noise_floor"
+    thr, tpot = boot["noise_floor.throughput"], boot["noise_floor.tpot_p95"]
+    m_thr, m_tpot = t.throughput_ratio_ci_low_min, t.tpot_p95_ratio_ci_high_max
+    margin = f"A/A throughput CI low >= {_m(m_thr)}, A/A TPOT P95 CI high <= {_m(m_tpot)}"
+    n = int(np.sum(np.isfinite(a.aa["throughput_tok_s"]) | np.isfinite(a.aa["tpot_p95_ms"])))
+    checks = [
+        (
+            "throughput_ratio",
+            "A/A throughput ratio",
+            thr,
+            lambda b: b.ci_low < m_thr,
+            f"reaches below {_m(m_thr)}",
+        ),
+        (
+            "tpot_p95_ratio",
+            "A/A TPOT P95 ratio",
+            tpot,
+            lambda b: b.ci_high > m_tpot,
+            f"reaches above {_m(m_tpot)}",
+        ),
+    ]
+    shown = [
+        f"{name} {_f(b.point)} [{_f(b.ci_low)}, {_f(b.ci_high)}]" for _, name, b, _, _ in checks
+    ]
+    deciding = [c for c in checks if c[0] not in t.dry_run]
+    missing = [c[1] for c in deciding if math.isnan(c[2].ci_low) or math.isnan(c[2].ci_high)]
+    wider = [
+        f"{name} [{_f(b.ci_low)}, {_f(b.ci_high)}] {why}"
+        for primary, name, b, too_wide, why in deciding
+        if name not in missing and too_wide(b)
+    ]
+    finding: _Finding | None = None
+    if not deciding:
+        label, text = "n/a", "no deciding PRIMARY metric; " + ", ".join(shown)
+    elif missing:
+        label, text = "missing", f"noise floor not measured ({', '.join(missing)}: no A/A replay)"
+        finding = _Finding(metric, "INCONCLUSIVE", text)
+    elif wider:
+        label, text = (
+            "wider than margins",
+            "noise floor wider than the margins: " + " and ".join(wider),
+        )
+        finding = _Finding(metric, "INCONCLUSIVE", text)
+    else:
+        label, text = "within margins", ", ".join(shown) + ": within the margins"
+    row = MetricRow(metric, "NOISE", n, None, None, None, None, None, margin, label, text, False)
+    return row, finding
+
+
+def _evidence_row(ev: Evidence, t: Thresholds) -> tuple[MetricRow, _Finding | None]:
+    windows, decisions = len(ev.windows), ev.decisions
+    parts = [
+        f"{windows} windows (need >= {t.min_windows})",
+        f"{decisions} decisions (need >= {t.min_decisions})",
+    ]
+    short = [
+        p
+        for p, ok in zip(
+            parts, (windows >= t.min_windows, decisions >= t.min_decisions), strict=True
+        )
+        if not ok
+    ]
+    margin = f">= {t.min_windows} windows, >= {t.min_decisions} decisions"
+    row = MetricRow(
+        "evidence",
+        "EVIDENCE",
+        windows,
+        None,
+        None,
+        None,
+        None,
+        None,
+        margin,
+        "too little" if short else "pass",
+        ", ".join(parts),
+        False,
+    )
+    if short:
+        return row, _Finding("evidence", "INCONCLUSIVE", "too little evidence: " + ", ".join(short))
+    return row, None
+
+
+def _pass_sentence(rows: list[MetricRow], boot: dict[str, BootstrapResult], t: Thresholds) -> str:
+    parts = []
+    for metric, op, m in (
+        ("throughput_ratio", ">=", t.throughput_ratio_ci_low_min),
+        ("tpot_p95_ratio", "<=", t.tpot_p95_ratio_ci_high_max),
+        ("imbalance_ratio", "<", t.imbalance_ratio_ci_high_max),
+    ):
+        b = boot[metric]
+        text = f"{_RATIO_NAMES[metric]} {_f(b.point)} [{_f(b.ci_low)}, {_f(b.ci_high)}]"
+        dry = metric in t.dry_run
+        parts.append(f"{text} (dry run, not deciding)" if dry else f"{text} {op} {_m(m)}")
+    others = [
+        r.metric
+        for r in rows
+        if r.dry_run and r.metric not in ("throughput_ratio", "tpot_p95_ratio", "imbalance_ratio")
+    ]
+    tail = f" (dry run, not deciding: {', '.join(others)})" if others else ""
+    return f"PASS: {', '.join(parts)}, all guards in bounds{tail}."
+
+
+# --- evidence reading -------------------------------------------------------------------
+
+
+def _read(ev: Evidence) -> _Arrays:
+    for name in ("decisions", "critical_violations", "candidate_errors"):
+        value = getattr(ev, name)
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise _Unreadable(f"{name} must be a count, got {value!r}")
+    for name in ("decision_latency_p99_ms", "step_ms_mean", "calibration_auc"):
+        _num(getattr(ev, name), name)
+    n = len(ev.windows)
+    inc = {k: np.full(n, np.nan) for k in WINDOW_METRIC_KEYS}
+    cand = {k: np.full(n, np.nan) for k in WINDOW_METRIC_KEYS}
+    aa = {k: np.full(n, np.nan) for k in WINDOW_METRIC_KEYS}
+    fid_i, fid_s = np.full(n, np.nan), np.full(n, np.nan)
+    for i, w in enumerate(ev.windows):
+        where = f"window {getattr(w, 'window_index', i)}"
+        for arm, target in (("incumbent", inc), ("candidate", cand), ("aa", aa)):
+            values = getattr(w, arm)
+            if values is None:
+                continue
+            if not isinstance(values, dict):
+                raise _Unreadable(f"{where} {arm} metrics are not a mapping")
+            for key in WINDOW_METRIC_KEYS:
+                target[key][i] = _num(values.get(key), f"{where} {arm} {key}")
+        fid_i[i] = _num(w.fidelity_imbalance, f"{where} fidelity_imbalance")
+        fid_s[i] = _num(w.fidelity_step, f"{where} fidelity_step")
+    return _Arrays(inc, cand, aa, fid_i, fid_s)
+
+
+def _num(value: Any, where: str) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise _Unreadable(f"{where} is not a number ({value!r})")
+    return float(value)
+
+
+def _error_reason(ev: Evidence, a: _Arrays) -> str | None:
+    if not ev.windows:
+        return "no windows in the evidence (nothing was replayed)"
+    for arm, values, who in (
+        ("incumbent", a.inc, ev.baseline),
+        ("candidate", a.cand, ev.candidate),
+    ):
+        if not any(np.isfinite(v).any() for v in values.values()):
+            return f"{arm} {who} was never replayed (no window has its metrics)"
+    return None
+
+
+# --- formatting -------------------------------------------------------------------------
+
+
+def _report(
+    verdict: str,
+    sentence: str,
+    rows: tuple[MetricRow, ...],
+    boot: dict[str, BootstrapResult],
+    ev: Evidence,
+    t: Thresholds,
+) -> GateReport:
+    return GateReport(verdict, EXIT_CODES[verdict], sentence, rows, boot, ev, t)
+
+
+def _bootstrap(inc: np.ndarray, cand: np.ndarray, t: Thresholds) -> BootstrapResult:
+    return paired_ratio_bootstrap(
+        inc, cand, resamples=t.bootstrap_resamples, confidence=t.confidence, seed=t.seed
+    )
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
+def _m(x: float) -> str:
+    """A margin as written in GATE.md: 0.99, 1.05, 1.0, 5.0."""
+    return f"{x:.1f}" if float(x).is_integer() else f"{x:g}"
+
+
+def _opt(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types only; NaN and infinities as null so the output is strict JSON."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_jsonable(v) for v in value]
+        return sorted(items, key=_canonical) if isinstance(value, set | frozenset) else items
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    return str(value)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(_jsonable(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
