@@ -20,8 +20,15 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
 db_app = typer.Typer(help="The DuckDB database.", no_args_is_help=True)
+mode_app = typer.Typer(
+    help="A fleet's mode: shadow, live, fallback, latched. Every change needs --reason.",
+    no_args_is_help=True,
+)
+audit_app = typer.Typer(help="The tamper-evident audit log.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(db_app, name="db")
+app.add_typer(mode_app, name="mode")
+app.add_typer(audit_app, name="audit")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -507,6 +514,143 @@ def gate(
         json_out=json_out, dry_run=dry_run, allow_marginal=allow_marginal, explain=explain,
     )  # fmt: skip
     raise typer.Exit(code)
+
+
+UrlOption = Annotated[
+    str | None, typer.Option(help="A running service (e.g. http://127.0.0.1:8321) instead of --db.")
+]
+DbOption = Annotated[Path, typer.Option(help="DuckDB file (when the service is stopped).")]
+
+
+def _mode_action(
+    action: str, fleet: str, reason: str, db: Path, url: str | None, **extra: object
+) -> None:
+    if not reason.strip():
+        raise typer.BadParameter("a reason is required", param_hint="--reason")
+    if url is not None:
+        import httpx
+
+        body = {"action": action, "reason": reason, "actor": "cli", **{
+            k: v for k, v in extra.items() if v is not None}}  # fmt: skip
+        response = httpx.post(f"{url.rstrip('/')}/v1/fleets/{fleet}/mode", json=body, timeout=30)
+        if response.status_code != 200:
+            raise fail(f"{response.status_code}: {response.json().get('detail')}")
+        console.print_json(data=response.json())
+        return
+    from shadow.modes import ModeError, ModeStore, freeze, reset, resume, set_mode
+    from shadow.storage import open_database
+
+    with open_database(db) as database:
+        store = ModeStore(database.engine)
+        functions = {"set": set_mode, "freeze": freeze, "resume": resume, "reset": reset}
+        args: list[object] = [reason]
+        kwargs: dict[str, object] = {}
+        if action == "set":
+            from shadow.gate.record import last_verdict
+
+            policy = extra.get("policy") or store.get(fleet).policy
+            args = [extra["mode"], reason, extra.get("policy")]
+            kwargs["last_gate_verdict"] = last_verdict(database.engine, fleet, policy)
+        try:
+            store.apply(fleet, functions[action], *args, actor="cli", **kwargs)
+        except ModeError as error:
+            raise fail(str(error)) from None
+        state = store.get(fleet)
+        console.print(f"{fleet}: {state.mode.value} (policy {state.policy}, frozen {state.frozen})")
+
+
+@mode_app.command("show")
+def mode_show(
+    fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
+    url: UrlOption = None,
+) -> None:  # fmt: skip
+    """Print a fleet's mode."""
+    if url is not None:
+        import httpx
+
+        console.print_json(data=httpx.get(f"{url.rstrip('/')}/v1/fleets/{fleet}/mode").json())
+        return
+    from shadow.modes import ModeStore
+    from shadow.storage import open_database
+
+    with open_database(db) as database:
+        state = ModeStore(database.engine).get(fleet)
+    console.print(
+        f"{fleet}: {state.mode.value}, policy {state.policy}, trips {len(state.trips)}, "
+        f"healthy windows {state.healthy_windows}, frozen {state.frozen}, "
+        f"last gate verdict {state.last_gate_verdict}"
+    )
+
+
+@mode_app.command("set")
+def mode_set(
+    mode: Annotated[str, typer.Argument(help="shadow, live, fallback or latched.")],
+    reason: Annotated[str, typer.Option(help="Why (required, audited).")],
+    fleet: Annotated[str, typer.Option()] = "default",
+    policy: Annotated[str | None, typer.Option(help="The policy to promote (live).")] = None,
+    db: DbOption = DEFAULT_DB,
+    url: UrlOption = None,
+) -> None:
+    """Promote, demote or force a mode (promoting after a FAIL verdict is refused)."""
+    _mode_action("set", fleet, reason, db, url, mode=mode, policy=policy)
+
+
+@mode_app.command("freeze")
+def mode_freeze(
+    reason: Annotated[str, typer.Option(help="Why (required, audited).")],
+    fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
+    url: UrlOption = None,
+) -> None:  # fmt: skip
+    """Stop automatic mode changes."""
+    _mode_action("freeze", fleet, reason, db, url)
+
+
+@mode_app.command("resume")
+def mode_resume(
+    reason: Annotated[str, typer.Option(help="Why (required, audited).")],
+    fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
+    url: UrlOption = None,
+) -> None:  # fmt: skip
+    """Allow automatic mode changes again."""
+    _mode_action("resume", fleet, reason, db, url)
+
+
+@mode_app.command("reset")
+def mode_reset(
+    reason: Annotated[str, typer.Option(help="Why (required, audited).")],
+    fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
+    url: UrlOption = None,
+) -> None:  # fmt: skip
+    """Back to shadow from fallback or latched, trips cleared."""
+    _mode_action("reset", fleet, reason, db, url)
+
+
+@audit_app.command("verify")
+def audit_verify(db: DbOption = DEFAULT_DB, url: UrlOption = None) -> None:
+    """Recompute the audit log's hash chain; exit 1 at the first row that does not match."""
+    if url is not None:
+        import httpx
+
+        result = httpx.get(f"{url.rstrip('/')}/v1/audit/verify", timeout=60).json()
+        ok, rows, bad, problem = (
+            result["ok"],
+            result["rows"],
+            result["first_bad_seq"],
+            result["problem"],
+        )
+    else:
+        if not db.exists():
+            raise fail(f"{db}: no such database", code=2)
+        from shadow import auditlog
+        from shadow.storage import open_database
+
+        with open_database(db) as database:
+            verdict = auditlog.verify(database.engine)
+        ok, rows, bad, problem = verdict.ok, verdict.rows, verdict.first_bad_seq, verdict.problem
+    if ok:
+        console.print(f"audit log intact: {rows} rows, hash chain verified")
+        return
+    raise fail(f"audit log broken at row {bad}: {problem}")
 
 
 @bench_app.command("ingest")

@@ -281,10 +281,11 @@ def set_mode(
             )
         details["policy"] = new_policy
     changes: dict[str, Any] = {"mode": target, "policy": new_policy, "last_gate_verdict": verdict}
+    if target is not state.mode:
+        changes["since"] = now
     if target is not state.mode or new_policy != state.policy:
-        # A new mode (or a new live policy) starts with clean window history.
-        changes |= {"since": now, "recent": deque(), "healthy_windows": 0}
-        changes["cooldown_until"] = None
+        # A new mode (or a new live policy) starts with a clean window history.
+        changes |= {"recent": deque(), "healthy_windows": 0, "cooldown_until": None}
     new = state.copy(**changes)
     return new, [Transition("set_mode", state.mode, target, reason, details)]
 

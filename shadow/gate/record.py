@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from shadow import auditlog
 from shadow.modes import ModeStore, note_gate_verdict
@@ -57,3 +57,21 @@ def record_gate_run(store: ServiceStore, report: dict[str, Any], *, dry_run: boo
             fleet, note_gate_verdict, report["verdict"], actor="shadow gate", now=now
         )
     return int(run_id)
+
+
+def last_verdict(engine: Engine, fleet: str, policy: str | None) -> str | None:
+    """The latest non-dry-run gate verdict for promoting `policy` on `fleet`."""
+    if policy is None:
+        return None
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT verdict, report FROM gate_runs WHERE fleet = :fleet AND candidate = "
+                ":policy ORDER BY id DESC"
+            ),
+            {"fleet": fleet, "policy": policy},
+        ).fetchall()
+    for verdict, report in rows:
+        if not json.loads(report).get("dry_run"):
+            return verdict
+    return None

@@ -11,18 +11,32 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 from ingest.events import parse_body
 from ingest.poller import MetricsPoller, Target
-from shadow import __version__
+from shadow import __version__, auditlog
+from shadow.gate.record import last_verdict
+from shadow.modes import (
+    FleetMode,
+    Mode,
+    ModeError,
+    ModeStore,
+    freeze,
+    observe_window,
+    reset,
+    resume,
+    set_mode,
+)
 from shadow.policies.fscore import gap, imbalance
 from shadow.service.demo import DemoPlan, DemoProcess
 from shadow.service.pipeline import FleetState
+from shadow.service.routing import LiveRouter, RouteRequest
 from shadow.service.runtime import Runtime
 from shadow.service.settings import ServiceSettings
 
@@ -39,6 +53,63 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in rows]
 
 
+class RouteItem(BaseModel):
+    request_id: str
+    prompt_tokens: int = Field(ge=0)
+    prompt_hash: str | None = None
+
+
+class RouteBody(BaseModel):
+    fleet: str = "default"
+    requests: list[RouteItem] = Field(min_length=1, max_length=4096)
+
+
+class ModeAction(BaseModel):
+    action: Literal["set", "freeze", "resume", "reset"]
+    reason: str = Field(min_length=1)
+    mode: Literal["shadow", "live", "fallback", "latched"] | None = None
+    policy: str | None = None
+    actor: str = "api"
+
+
+def _mode_json(mode: FleetMode) -> dict[str, Any]:
+    return {
+        "fleet": mode.fleet,
+        "mode": mode.mode.value,
+        "policy": mode.policy,
+        "since": mode.since,
+        "trips": list(mode.trips),
+        "healthy_windows": mode.healthy_windows,
+        "frozen": mode.frozen,
+        "cooldown_until": mode.cooldown_until,
+        "last_gate_verdict": mode.last_gate_verdict,
+    }
+
+
+def _judge_window(runtime: Runtime, modes: ModeStore, fleet_state: FleetState, result) -> None:
+    """Feed a replayed window to the fleet's mode: trips on K of M bad windows in `live`,
+    recovery after R healthy ones in `fallback` (judged with the policy in shadow)."""
+    mode = modes.get(fleet_state.fleet)
+    if mode.mode not in (Mode.LIVE, Mode.FALLBACK) or not mode.policy:
+        return
+    incumbent = result.metrics.get(fleet_state.incumbent, {})
+    judged = result.metrics.get("observed" if mode.mode == Mode.LIVE else mode.policy, {})
+    worse = False
+    if incumbent.get("imbalance_mean") and judged.get("imbalance_mean") is not None:
+        worse = judged["imbalance_mean"] > incumbent["imbalance_mean"] * 1.05
+    latency = runtime.store.query(
+        "SELECT quantile_cont(latency_ms, 0.99) AS p99 FROM decisions WHERE fleet = :fleet "
+        "AND policy = :policy AND ts >= :t0 AND ts < :t1",
+        {"fleet": fleet_state.fleet, "policy": mode.policy, "t0": result.t_start,
+         "t1": result.t_end},
+    )[0]["p99"]  # fmt: skip
+    over = latency is not None and latency > runtime.settings.route_budget_ms
+    modes.apply(
+        fleet_state.fleet, observe_window, actor="windows", requests=result.requests,
+        latency_over_budget=over, imbalance_worse=worse, cfg=runtime.settings.mode_config(),
+    )  # fmt: skip
+
+
 def _service_url(settings: ServiceSettings) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     return f"http://{host}:{settings.port}"
@@ -51,6 +122,15 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = await run_in_threadpool(Runtime, settings)
         state["runtime"] = runtime
+        modes = ModeStore(runtime.store.engine)
+        state["modes"] = modes
+        state["router"] = LiveRouter(
+            runtime.pipeline, modes, budget_ms=settings.route_budget_ms, stale=_fleet_stale,
+            mode_config=settings.mode_config(),
+        )  # fmt: skip
+        runtime.pipeline.on_window = lambda fleet_state, result: _judge_window(
+            runtime, modes, fleet_state, result
+        )
         flusher = asyncio.create_task(_idle_flush())
         demo = None
         poller = None
@@ -85,6 +165,12 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             if demo is not None:
                 await run_in_threadpool(demo.stop)
             await run_in_threadpool(runtime.close)
+
+    def _fleet_stale(fleet: str) -> bool:
+        poller: MetricsPoller | None = state.get("poller")
+        if poller is None or fleet != settings.fleet:
+            return False
+        return any(status["stale"] for status in poller.status().values())
 
     async def _idle_flush() -> None:
         """Apply what the reorder window holds once the stream goes quiet."""
@@ -360,6 +446,54 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if addresses is None:
             raise HTTPException(404, "no demo world in this service")
         return {"router": addresses.router, "tap": addresses.tap, "workers": addresses.workers}
+
+    @app.post("/v1/route")
+    def route(body: RouteBody) -> dict[str, Any]:
+        """Where to send ready requests: by the promoted policy in `live`, by Round-Robin in
+        `fallback`/`latched`; in `shadow` the incumbent decides and the answer says so."""
+        requests = [
+            RouteRequest(r.request_id, r.prompt_tokens, r.prompt_hash) for r in body.requests
+        ]
+        return state["router"].route(body.fleet, requests).as_json()
+
+    @app.get("/v1/fleets/{fleet}/mode")
+    def get_mode(fleet: str) -> dict[str, Any]:
+        return _mode_json(state["modes"].get(fleet))
+
+    @app.post("/v1/fleets/{fleet}/mode")
+    def change_mode(fleet: str, body: ModeAction) -> dict[str, Any]:
+        """Operator actions (`set`, `freeze`, `resume`, `reset`), each with a reason;
+        promoting after a FAIL verdict is refused (409)."""
+        modes: ModeStore = state["modes"]
+        action = {"set": set_mode, "freeze": freeze, "resume": resume, "reset": reset}[body.action]
+        args: list[Any] = [body.reason]
+        kwargs: dict[str, Any] = {}
+        if body.action == "set":
+            if body.mode is None:
+                raise HTTPException(422, "action 'set' needs a mode")
+            args = [body.mode, body.reason, body.policy]
+            kwargs["last_gate_verdict"] = last_verdict(
+                runtime().store.engine, fleet, body.policy or modes.get(fleet).policy
+            )
+        if body.action == "set":
+            kwargs["cfg"] = (
+                settings.mode_config() if "cfg" in set_mode.__code__.co_varnames else None
+            )
+            kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        try:
+            modes.apply(fleet, action, *args, actor=body.actor, **kwargs)
+        except ModeError as error:
+            raise HTTPException(409, str(error)) from None
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        return _mode_json(modes.get(fleet))
+
+    @app.get("/v1/audit/verify")
+    def audit_verify() -> dict[str, Any]:
+        """Recompute the audit log's hash chain."""
+        result = auditlog.verify(runtime().store.engine)
+        return {"ok": result.ok, "rows": result.rows, "first_bad_seq": result.first_bad_seq,
+                "problem": result.problem}  # fmt: skip
 
     @app.get("/v1/fleets/{fleet}/stepmodel")
     def stepmodel(fleet: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -224,6 +224,8 @@ class Pipeline:
         #: Set when a commit failed after the batch was applied in memory; the owner must
         #: build a new pipeline from the database (`start`) before submitting more.
         self.broken = False
+        #: called with (fleet state, window result) after each stored window (the modes)
+        self.on_window: Callable[[FleetState, WindowResult], None] | None = None
 
     # -- start-up -------------------------------------------------------------------
 
@@ -644,6 +646,11 @@ class Pipeline:
         self.store.save_window(result, fitted)
         state.stored_windows.add(result.index)
         self.windows_evaluated += 1
+        if self.on_window is not None:
+            try:
+                self.on_window(state, result)
+            except Exception:
+                log.exception("fleet %s: judging window %d failed", state.fleet, result.index)
 
     def close_idle_windows(self) -> None:
         """End the open window of every fleet with nothing running or waiting: a quiet

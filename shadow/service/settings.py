@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shadow.audit import DEFAULT_SHADOW_POLICIES, AuditConfig
 from shadow.invariants import InvariantConfig
+from shadow.modes import ModeConfig
 from shadow.policies import POLICY_NAMES, BalanceRouteConfig
 from shadow.service.pipeline import PipelineConfig
 from shadow.windows import WindowConfig
@@ -59,6 +60,14 @@ class ServiceSettings(BaseModel):
     poll_interval_s: float = Field(0.5, gt=0)
     staleness_s: float = Field(3.0, gt=0)
     scrape_drift_tolerance: int = Field(2, ge=0)
+    route_budget_ms: float = Field(5.0, gt=0)
+    mode_trip_k: int = Field(3, ge=1)
+    mode_trip_m: int = Field(5, ge=1)
+    mode_min_requests: int = Field(20, ge=0)
+    mode_recovery_windows: int = Field(12, ge=1)
+    mode_cooldown_base_s: float = Field(300.0, ge=0)
+    mode_cooldown_max_s: float = Field(3600.0, ge=0)
+    mode_latch_trips: int = Field(3, ge=1)
     demo: bool = False
     demo_workers: int = Field(4, ge=1, le=64)
     demo_batch: int = Field(16, ge=1)
@@ -74,6 +83,17 @@ class ServiceSettings(BaseModel):
             raise ValueError(
                 f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICY_NAMES)}"
             )
+
+    def mode_config(self) -> ModeConfig:
+        return ModeConfig(
+            trip_k=self.mode_trip_k,
+            trip_m=self.mode_trip_m,
+            min_requests_per_window=self.mode_min_requests,
+            recovery_windows=self.mode_recovery_windows,
+            cooldown_base_s=self.mode_cooldown_base_s,
+            cooldown_max_s=self.mode_cooldown_max_s,
+            latch_trips=self.mode_latch_trips,
+        )
 
     def pipeline(self) -> PipelineConfig:
         route = BalanceRouteConfig(
