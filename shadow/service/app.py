@@ -131,6 +131,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         runtime.pipeline.on_window = lambda fleet_state, result: _judge_window(
             runtime, modes, fleet_state, result
         )
+        app.state.runtime = runtime
+        app.state.router = state["router"]
         flusher = asyncio.create_task(_idle_flush())
         demo = None
         poller = None
