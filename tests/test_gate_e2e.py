@@ -64,3 +64,18 @@ def test_explain_dry_run_and_usage_errors(database):
     assert gate(db, "--candidate", "nope").exit_code == 2
     assert gate(db, "--bogus-option").exit_code == 2
     assert runner.invoke(app, ["gate", "--db", str(db.parent / "missing.duckdb")]).exit_code == 5
+
+
+def test_promoting_after_a_fail_is_refused_and_audited(database):
+    _, db = database
+    assert gate(db, "--candidate", "random").exit_code == 1
+    refused = runner.invoke(app, ["mode", "set", "live", "--policy", "random", "--reason",
+                                  "promote anyway", "--db", str(db)])  # fmt: skip
+    assert refused.exit_code == 1 and "refused after a FAIL" in refused.output
+    promoted = runner.invoke(app, ["mode", "set", "live", "--policy", "brh-survival",
+                                   "--reason", "gate PASS", "--db", str(db)])  # fmt: skip
+    assert promoted.exit_code == 0, promoted.output
+    no_reason = runner.invoke(app, ["mode", "freeze", "--reason", " ", "--db", str(db)])
+    assert no_reason.exit_code == 2
+    verified = runner.invoke(app, ["audit", "verify", "--db", str(db)])
+    assert verified.exit_code == 0 and "hash chain verified" in verified.output
