@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ingest.sink import HttpEventSink
-from ingest.tap import HOP_BY_HOP, prompt_hash_of, prompt_tokens_of
+from ingest.tap import HOP_BY_HOP, prompt_hash_of, prompt_tokens_of, proxy_client
 
 POLICIES = ("jsq", "rr")
 
@@ -66,21 +66,10 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        await self._startup()
+        self._client = self._client or proxy_client()
         try:
             yield
         finally:
-            await self._shutdown()
-
-    async def _startup(self) -> None:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(None, connect=5.0),
-                limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500),
-            )
-
-    async def _shutdown(self) -> None:
-        if self._client is not None:
             await self._client.aclose()
 
     def choose(self) -> str | None:

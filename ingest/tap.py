@@ -36,6 +36,15 @@ HOP_BY_HOP = frozenset(
 GENERATION_PATHS = frozenset({"v1/completions", "v1/chat/completions"})
 
 
+def proxy_client() -> httpx.AsyncClient:
+    """The client a streaming proxy needs: no read timeout (streams are long), many
+    connections (one per stream in flight)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(None, connect=5.0),
+        limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500),
+    )
+
+
 def _words(content: object) -> int:
     if isinstance(content, str):
         return len(content.split())
@@ -142,10 +151,7 @@ class Tap:
 
     async def _startup(self) -> None:
         if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(None, connect=5.0),
-                limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500),
-            )
+            self._client = proxy_client()
         now = time.time()
         for worker in self.workers:
             self.sink.put(

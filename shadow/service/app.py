@@ -53,6 +53,22 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in rows]
 
 
+def _page(
+    runtime: Runtime, table: str, where: list[str], params: dict[str, Any], order: str
+) -> dict[str, Any]:
+    """One page of a table: the filters are fixed SQL with bound parameters (never user
+    text), the total counts every match."""
+    clause = " AND ".join(where)
+    store = runtime.store
+    total = store.query(f"SELECT count(*) AS n FROM {table} WHERE {clause}", params)[0]["n"]
+    rows = store.query(
+        f"SELECT * FROM {table} WHERE {clause} ORDER BY {order} LIMIT :limit OFFSET :offset",
+        params,
+    )
+    return {"total": int(total), "limit": params["limit"], "offset": params["offset"],
+            "items": _rows(rows)}  # fmt: skip
+
+
 class RouteItem(BaseModel):
     request_id: str
     prompt_tokens: int = Field(ge=0)
@@ -349,17 +365,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if until is not None:
             where.append("ts < :until")
             params["until"] = until
-        clause = " AND ".join(where)
-        store = runtime().store
-        total = store.query(f"SELECT count(*) AS n FROM decisions WHERE {clause}", params)[0]["n"]
-        rows = store.query(
-            f"SELECT * FROM decisions WHERE {clause} "
-            "ORDER BY ts DESC, ingest_id DESC, policy LIMIT :limit OFFSET :offset",
-            params,
-        )
-        for row in rows:
+        page = _page(runtime(), "decisions", where, params, "ts DESC, ingest_id DESC, policy")
+        for row in page["items"]:
             row["snapshot"] = json.loads(row["snapshot"])
-        return {"total": int(total), "limit": limit, "offset": offset, "items": _rows(rows)}
+        return page
 
     @app.get("/v1/fleets/{fleet}/violations")
     def violations(
@@ -377,15 +386,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if severity is not None:
             where.append("severity = :severity")
             params["severity"] = severity
-        clause = " AND ".join(where)
-        store = runtime().store
-        total = store.query(f"SELECT count(*) AS n FROM violations WHERE {clause}", params)[0]["n"]
-        rows = store.query(
-            f"SELECT * FROM violations WHERE {clause} ORDER BY ts DESC, ingest_id DESC "
-            "LIMIT :limit OFFSET :offset",
-            params,
-        )
-        return {"total": int(total), "limit": limit, "offset": offset, "items": _rows(rows)}
+        return _page(runtime(), "violations", where, params, "ts DESC, ingest_id DESC")
 
     @app.get("/v1/fleets/{fleet}/windows")
     def windows(
