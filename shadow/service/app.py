@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
 from ingest.events import parse_body
@@ -35,6 +36,7 @@ from shadow.modes import (
 )
 from shadow.policies.fscore import gap, imbalance
 from shadow.service.demo import DemoPlan, DemoProcess
+from shadow.service.metrics import ServiceCollector, route_latency
 from shadow.service.pipeline import FleetState
 from shadow.service.routing import LiveRouter, RouteRequest
 from shadow.service.runtime import Runtime
@@ -149,6 +151,16 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         )
         app.state.runtime = runtime
         app.state.router = state["router"]
+        registry = CollectorRegistry()
+        registry.register(
+            ServiceCollector(
+                lambda: state["runtime"],
+                lambda: state["modes"],
+                lambda: state["poller"].status() if state.get("poller") else {},
+            )
+        )
+        state["registry"] = registry
+        state["router"].latency = route_latency(registry)
         flusher = asyncio.create_task(_idle_flush())
         demo = None
         poller = None
@@ -219,6 +231,11 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if found is None:
             raise HTTPException(404, f"unknown fleet {fleet!r}")
         return found
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """Prometheus text exposition of every `shadow_` metric."""
+        return Response(generate_latest(state["registry"]), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

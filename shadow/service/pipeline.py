@@ -18,7 +18,7 @@ import json
 import logging
 import queue
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -221,6 +221,9 @@ class Pipeline:
         self._progress_seen: dict[tuple[str, str], int] = {}
         self._pending_windows: list[tuple[FleetState, Future[WindowResult]]] = []
         self.windows_evaluated = 0
+        #: (fleet, event type, accepted|duplicate) -> events, for /metrics
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.rejected = 0
         #: Set when a commit failed after the batch was applied in memory; the owner must
         #: build a new pipeline from the database (`start`) before submitting more.
         self.broken = False
@@ -282,6 +285,7 @@ class Pipeline:
         Returns once the batch is committed: what it counts as accepted is acknowledged.
         """
         result = IngestResult(rejected=len(errors), errors=list(errors))
+        self.rejected += len(errors)
         with self.lock:
             if self.broken:
                 raise RuntimeError(
@@ -293,6 +297,7 @@ class Pipeline:
             for _, event in events:
                 if not self._is_new(event):
                     result.duplicates += 1
+                    self.counts[(event.fleet, event.type, "duplicate")] += 1
                     continue
                 ingest_id = next_id
                 next_id += 1
@@ -322,6 +327,7 @@ class Pipeline:
                         batch.progress[key] = (*key, event.generated, event.ts, ingest_id)
                 fresh.append((event.ts, ORDER[kind], ingest_id, event))
                 result.accepted += 1
+                self.counts[(event.fleet, kind, "accepted")] += 1
             if fresh:
                 self._next_id = next_id
                 for entry in fresh:

@@ -68,6 +68,8 @@ class LiveRouter:
         self._cursor: dict[str, int] = {}
         #: a test seam: called before the policy decides (raise to inject a policy fault)
         self.before_decide: Callable[[str], None] | None = None
+        #: a Prometheus histogram of decision times, by policy (set by the service)
+        self.latency: Any = None
 
     def _policy(self, fleet: str, name: str) -> Policy:
         key = (fleet, name)
@@ -139,6 +141,8 @@ class LiveRouter:
                 "fleet tripped",
             )  # fmt: skip
         elapsed = (time.perf_counter() - started) * 1000.0
+        if self.latency is not None:
+            self.latency.labels(policy=name).observe(elapsed / 1000.0)
         if elapsed > self.budget_ms:
             now_mode = self._trip(
                 fleet, f"decision took {elapsed:.2f} ms > budget {self.budget_ms:g} ms"

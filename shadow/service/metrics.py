@@ -1,0 +1,225 @@
+"""Every `shadow_` metric the service exports on `/metrics`, declared in one place.
+
+Names follow Prometheus conventions: base units (`_seconds`, `_tokens`), `_total` for
+counters, labels few and bounded (fleet, policy, worker, kind): never a request id. Most
+values are read from the live state when Prometheus scrapes, so the ingest path only
+increments plain integers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shadow.modes import Mode, ModeStore
+from shadow.service.runtime import Runtime
+
+WINDOW_GAUGES = (
+    ("imbalance_mean", "shadow_window_imbalance_tokens",
+     "Mean per-step imbalance (max - min KV load) in the latest evaluated window.", 1.0),
+    ("gap_mean", "shadow_window_gap_tokens",
+     "Mean per-step barrier gap I(k) in the latest evaluated window.", 1.0),
+    ("throughput_tok_s", "shadow_window_throughput_tokens_per_second",
+     "Output tokens per second in the latest evaluated window.", 1.0),
+    ("tpot_p95_ms", "shadow_window_tpot_p95_seconds",
+     "95th percentile time per output token in the latest evaluated window.", 0.001),
+    ("step_ms_mean", "shadow_window_step_seconds",
+     "Mean decode step time in the latest evaluated window.", 0.001),
+)  # fmt: skip
+
+
+def route_latency(registry: CollectorRegistry) -> Histogram:
+    return Histogram(
+        "shadow_route_decision_seconds",
+        "Time the live policy took to answer POST /v1/route.",
+        ["policy"],
+        buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+        registry=registry,
+    )
+
+
+class ServiceCollector(Collector):
+    """Reads the runtime at scrape time."""
+
+    def __init__(
+        self,
+        runtime: Callable[[], Runtime],
+        modes: Callable[[], ModeStore],
+        telemetry: Callable[[], dict[str, dict[str, Any]]],
+    ) -> None:
+        self._runtime = runtime
+        self._modes = modes
+        self._telemetry = telemetry
+
+    def collect(self) -> Iterator[Any]:
+        runtime = self._runtime()
+        pipeline = runtime.pipeline
+        events = CounterMetricFamily(
+            "shadow_events", "Events received, by fleet, type and outcome.",
+            labels=["fleet", "type", "outcome"],
+        )  # fmt: skip
+        for (fleet, kind, outcome), count in sorted(pipeline.counts.items()):
+            events.add_metric([fleet, kind, outcome], count)
+        yield events
+        yield CounterMetricFamily(
+            "shadow_events_rejected", "Events rejected as malformed.", value=pipeline.rejected
+        )
+        kv = GaugeMetricFamily(
+            "shadow_mirror_kv_tokens", "KV tokens per worker in the mirror.",
+            labels=["fleet", "worker"],
+        )  # fmt: skip
+        active = GaugeMetricFamily(
+            "shadow_mirror_active_requests", "Active requests per worker in the mirror.",
+            labels=["fleet", "worker"],
+        )  # fmt: skip
+        pool = GaugeMetricFamily(
+            "shadow_pool_requests", "Requests waiting in the ready pool.", labels=["fleet"]
+        )
+        imbalance = GaugeMetricFamily(
+            "shadow_observed_imbalance_tokens", "max - min KV load in the mirror now.",
+            labels=["fleet"],
+        )  # fmt: skip
+        gap = GaugeMetricFamily(
+            "shadow_observed_gap_tokens", "Barrier gap I(k) in the mirror now.", labels=["fleet"]
+        )
+        mismatch = CounterMetricFamily(
+            "shadow_mirror_state_mismatches",
+            "Engine steps where the mirror's load or active count differed from the engine's.",
+            labels=["fleet"],
+        )
+        with pipeline.lock:
+            for name, state in sorted(pipeline.fleets.items()):
+                loads = [w.load for w in state.mirror.order]
+                for worker in state.mirror.order:
+                    kv.add_metric([name, worker.worker_id], worker.load)
+                    active.add_metric([name, worker.worker_id], len(worker.active))
+                pool.add_metric([name], len(state.mirror.pool))
+                if loads:
+                    imbalance.add_metric([name], max(loads) - min(loads))
+                    gap.add_metric([name], len(loads) * max(loads) - sum(loads))
+                mismatch.add_metric([name], state.state_mismatches)
+        yield from (kv, active, pool, imbalance, gap, mismatch)
+        yield from self._windows(runtime)
+        yield from self._audit(runtime)
+        yield from self._modes_and_telemetry(runtime)
+
+    def _windows(self, runtime: Runtime) -> Iterator[Any]:
+        latest = runtime.store.query(
+            "SELECT m.*, w.fidelity_imbalance, w.fidelity_step, w.a_ms_per_token, w.b_ms "
+            "FROM window_metrics m JOIN windows w USING (fleet, window_index) WHERE "
+            "(m.fleet, m.window_index) IN (SELECT fleet, max(window_index) FROM windows "
+            "GROUP BY fleet) ORDER BY m.fleet, m.policy"
+        )
+        families = {
+            column: GaugeMetricFamily(name, text, labels=["fleet", "policy"])
+            for column, name, text, _ in WINDOW_GAUGES
+        }
+        ratio = GaugeMetricFamily(
+            "shadow_window_ratio",
+            "Latest window: a shadow policy's metric over the incumbent's replay.",
+            labels=["fleet", "policy", "metric"],
+        )
+        fidelity = GaugeMetricFamily(
+            "shadow_replay_fidelity_ratio",
+            "Latest window: the incumbent's replay over what was observed.",
+            labels=["fleet", "metric"],
+        )
+        step_a = GaugeMetricFamily(
+            "shadow_step_model_seconds_per_token", "Step model a (per KV token of the max).",
+            labels=["fleet"],
+        )  # fmt: skip
+        step_b = GaugeMetricFamily(
+            "shadow_step_model_fixed_seconds", "Step model b (fixed part of a step).",
+            labels=["fleet"],
+        )  # fmt: skip
+        by_fleet: dict[str, dict[str, dict[str, Any]]] = {}
+        for row in latest:
+            by_fleet.setdefault(row["fleet"], {})[row["policy"]] = row
+        for fleet, policies in by_fleet.items():
+            any_row = next(iter(policies.values()))
+            step_a.add_metric([fleet], any_row["a_ms_per_token"] / 1000.0)
+            step_b.add_metric([fleet], any_row["b_ms"] / 1000.0)
+            for metric, key in (("imbalance", "fidelity_imbalance"), ("step", "fidelity_step")):
+                if any_row[key] is not None:
+                    fidelity.add_metric([fleet, metric], any_row[key])
+            incumbent = policies.get(self._runtime().settings.incumbent, {})
+            for policy, row in policies.items():
+                for column, _, _, scale in WINDOW_GAUGES:
+                    if row[column] is not None:
+                        families[column].add_metric([fleet, policy], row[column] * scale)
+                for column, label in (("imbalance_mean", "imbalance"),
+                                      ("throughput_tok_s", "throughput"),
+                                      ("tpot_p95_ms", "tpot_p95")):  # fmt: skip
+                    if row[column] is not None and incumbent.get(column):
+                        ratio.add_metric([fleet, policy, label], row[column] / incumbent[column])
+        yield from families.values()
+        yield from (ratio, fidelity, step_a, step_b)
+
+    def _audit(self, runtime: Runtime) -> Iterator[Any]:
+        rows = runtime.store.query(
+            "SELECT fleet, policy, avg(agrees::int) AS agree, avg(f_br0_best - f_br0_incumbent) "
+            "AS regret, count(*) AS n FROM decisions GROUP BY fleet, policy ORDER BY 1, 2"
+        )
+        agreement = GaugeMetricFamily(
+            "shadow_decision_agreement_ratio",
+            "Share of dispatches where the shadow policy chose the incumbent's worker.",
+            labels=["fleet", "policy"],
+        )
+        regret = GaugeMetricFamily(
+            "shadow_decision_regret_tokens",
+            "Mean gap change (BR-0 F-score) the best choice had over the incumbent's.",
+            labels=["fleet", "policy"],
+        )
+        audited = CounterMetricFamily(
+            "shadow_decisions", "Dispatches audited, per shadow policy.", labels=["fleet", "policy"]
+        )
+        for row in rows:
+            agreement.add_metric([row["fleet"], row["policy"]], row["agree"] or 0.0)
+            regret.add_metric([row["fleet"], row["policy"]], row["regret"] or 0.0)
+            audited.add_metric([row["fleet"], row["policy"]], row["n"])
+        yield from (agreement, regret, audited)
+        violations = CounterMetricFamily(
+            "shadow_invariant_violations", "Invariant violations, each counted once.",
+            labels=["fleet", "kind", "severity"],
+        )  # fmt: skip
+        for row in runtime.store.query(
+            "SELECT fleet, kind, severity, count(*) AS n FROM violations GROUP BY 1, 2, 3 "
+            "ORDER BY 1, 2, 3"
+        ):
+            violations.add_metric([row["fleet"], row["kind"], row["severity"]], row["n"])
+        yield violations
+
+    def _modes_and_telemetry(self, runtime: Runtime) -> Iterator[Any]:
+        mode = GaugeMetricFamily(
+            "shadow_mode", "1 for the fleet's current mode.", labels=["fleet", "mode"]
+        )
+        trips = GaugeMetricFamily(
+            "shadow_fallback_trips", "Fallback trips in the last 24 hours.", labels=["fleet"]
+        )
+        now = time.time()
+        fleets = set(runtime.pipeline.fleets) | {m.fleet for m in self._modes().all()}
+        for fleet in sorted(fleets):
+            state = self._modes().get(fleet)
+            for value in Mode:
+                mode.add_metric([fleet, value.value], 1.0 if state.mode == value else 0.0)
+            trips.add_metric([fleet], len(state.trips_within(now)))
+        yield from (mode, trips)
+        staleness = GaugeMetricFamily(
+            "shadow_telemetry_age_seconds", "Age of the last good scrape of each engine.",
+            labels=["fleet", "worker"],
+        )  # fmt: skip
+        stale = GaugeMetricFamily(
+            "shadow_telemetry_stale", "1 when an engine's metrics are older than the limit.",
+            labels=["fleet", "worker"],
+        )  # fmt: skip
+        fleet = runtime.settings.fleet
+        for worker, status in sorted(self._telemetry().items()):
+            if status.get("age_s") is not None:
+                staleness.add_metric([fleet, worker], status["age_s"])
+            stale.add_metric([fleet, worker], 1.0 if status["stale"] else 0.0)
+        yield from (staleness, stale)

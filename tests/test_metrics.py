@@ -1,0 +1,67 @@
+"""`/metrics`: every `shadow_` family, named by Prometheus rules, with values that match."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from shadow.service.app import create_app
+from shadow.service.settings import load_settings
+from tests.service_helpers import batches, record
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_metrics_after_recorded_traffic(tmp_path):
+    log = tmp_path / "jsq.jsonl"
+    result, _ = record(log, 400)
+    settings = load_settings(None, db=tmp_path / "m.duckdb", workers_processes=False, window_s=10.0)
+    with TestClient(create_app(settings)) as client:
+        for body in batches(log, 2000):
+            assert client.post("/v1/events", content=body).status_code == 200
+        client.post("/v1/flush")
+        client.post(
+            "/v1/fleets/default/mode",
+            json={"action": "set", "mode": "live", "policy": "br0", "reason": "metrics test"},
+        )
+        client.post("/v1/route", json={"requests": [{"request_id": "x", "prompt_tokens": 10}]})
+        response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    found = samples(response.text)
+    names = {name for name, _ in found}
+    for name in (
+        "shadow_events_total", "shadow_events_rejected_total", "shadow_mirror_kv_tokens",
+        "shadow_mirror_active_requests", "shadow_pool_requests",
+        "shadow_observed_imbalance_tokens", "shadow_observed_gap_tokens",
+        "shadow_window_imbalance_tokens", "shadow_window_throughput_tokens_per_second",
+        "shadow_window_tpot_p95_seconds", "shadow_window_ratio", "shadow_replay_fidelity_ratio",
+        "shadow_step_model_seconds_per_token", "shadow_step_model_fixed_seconds",
+        "shadow_decision_agreement_ratio", "shadow_decision_regret_tokens", "shadow_mode",
+        "shadow_fallback_trips", "shadow_route_decision_seconds_count",
+        "shadow_mirror_state_mismatches_total",
+    ):  # fmt: skip
+        assert name in names, name
+    assert all(name.startswith("shadow_") for name in names if not name.startswith("python_"))
+    dispatches = found[
+        (
+            "shadow_events_total",
+            (("fleet", "default"), ("outcome", "accepted"), ("type", "dispatch")),
+        )
+    ]
+    assert dispatches == 400
+    assert found[("shadow_mode", (("fleet", "default"), ("mode", "live")))] == 1.0
+    assert found[("shadow_mirror_state_mismatches_total", (("fleet", "default"),))] == 0
+    jsq_agreement = found[("shadow_decision_agreement_ratio",
+                           (("fleet", "default"), ("policy", "jsq")))]  # fmt: skip
+    assert jsq_agreement == 1.0
+    assert found[("shadow_route_decision_seconds_count", (("policy", "br0"),))] == 1
+    step_b = found[("shadow_step_model_fixed_seconds", (("fleet", "default"),))]
+    assert abs(step_b - 0.020) < 1e-6  # the fitted 20 ms, in seconds
+    assert result.steps > 0
