@@ -16,7 +16,9 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shadow.invariants import KINDS
 from shadow.modes import Mode, ModeStore
+from shadow.policies import POLICY_NAMES
 from shadow.service.runtime import Runtime
 
 WINDOW_GAUGES = (
@@ -34,13 +36,16 @@ WINDOW_GAUGES = (
 
 
 def route_latency(registry: CollectorRegistry) -> Histogram:
-    return Histogram(
+    histogram = Histogram(
         "shadow_route_decision_seconds",
         "Time the live policy took to answer POST /v1/route.",
         ["policy"],
         buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
         registry=registry,
     )
+    for policy in POLICY_NAMES:  # every policy that can be promoted, from zero
+        histogram.labels(policy=policy)
+    return histogram
 
 
 class ServiceCollector(Collector):
@@ -187,11 +192,16 @@ class ServiceCollector(Collector):
             "shadow_invariant_violations", "Invariant violations, each counted once.",
             labels=["fleet", "kind", "severity"],
         )  # fmt: skip
-        for row in runtime.store.query(
-            "SELECT fleet, kind, severity, count(*) AS n FROM violations GROUP BY 1, 2, 3 "
-            "ORDER BY 1, 2, 3"
-        ):
-            violations.add_metric([row["fleet"], row["kind"], row["severity"]], row["n"])
+        counted = {
+            (row["fleet"], row["kind"]): row["n"]
+            for row in runtime.store.query(
+                "SELECT fleet, kind, count(*) AS n FROM violations GROUP BY 1, 2"
+            )
+        }
+        fleets = sorted(set(runtime.pipeline.fleets) | {f for f, _ in counted})
+        for fleet in fleets:  # every kind, from zero: "none" is a value, not a gap
+            for kind, (severity, _) in sorted(KINDS.items()):
+                violations.add_metric([fleet, kind, severity], counted.get((fleet, kind), 0))
         yield violations
 
     def _modes_and_telemetry(self, runtime: Runtime) -> Iterator[Any]:
