@@ -348,6 +348,10 @@ class WindowTracker:
             if len(self._history) > 2 * self.config.history_limit:
                 del self._history[: -self.config.history_limit]
 
+    def completed_lengths(self) -> list[int]:
+        """Output lengths of the fleet's recent natural completions (oldest first)."""
+        return list(self._history)
+
     def on_engine_step(
         self, ts: float, worker_id: str, step: int, duration_ms: float, running: int, kv: int
     ) -> None:

@@ -45,10 +45,13 @@ def test_metrics_after_recorded_traffic(tmp_path):
         "shadow_step_model_seconds_per_token", "shadow_step_model_fixed_seconds",
         "shadow_decision_agreement_ratio", "shadow_decision_regret_tokens", "shadow_mode",
         "shadow_fallback_trips", "shadow_route_decision_seconds_count",
-        "shadow_mirror_state_mismatches_total",
+        "shadow_mirror_state_mismatches_total", "shadow_predictor_calibration_auc",
     ):  # fmt: skip
         assert name in names, name
     assert all(name.startswith("shadow_") for name in names if not name.startswith("python_"))
+    # Declared even when the latest window has no value for it (no arrivals: no pool wait).
+    declared = {f.name for f in text_string_to_metric_families(response.text)}
+    assert "shadow_window_pool_wait_p95_seconds" in declared
     dispatches = found[
         (
             "shadow_events_total",
@@ -64,4 +67,6 @@ def test_metrics_after_recorded_traffic(tmp_path):
     assert found[("shadow_route_decision_seconds_count", (("policy", "br0"),))] == 1
     step_b = found[("shadow_step_model_fixed_seconds", (("fleet", "default"),))]
     assert abs(step_b - 0.020) < 1e-6  # the fitted 20 ms, in seconds
+    auc = found[("shadow_predictor_calibration_auc", (("fleet", "default"),))]
+    assert 0.5 < auc <= 1.0
     assert result.steps > 0

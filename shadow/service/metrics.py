@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 from shadow.invariants import KINDS
 from shadow.modes import Mode, ModeStore
 from shadow.policies import POLICY_NAMES
+from shadow.predict import SurvivalPredictor, calibrate
 from shadow.service.runtime import Runtime
 
 WINDOW_GAUGES = (
@@ -32,7 +34,11 @@ WINDOW_GAUGES = (
      "95th percentile time per output token in the latest evaluated window.", 0.001),
     ("step_ms_mean", "shadow_window_step_seconds",
      "Mean decode step time in the latest evaluated window.", 0.001),
+    ("pool_wait_p95_ms", "shadow_window_pool_wait_p95_seconds",
+     "95th percentile wait in the ready pool in the latest evaluated window.", 0.001),
 )  # fmt: skip
+CALIBRATION_EVERY_S = 60.0
+CALIBRATION_REQUESTS = 2000
 
 
 def route_latency(registry: CollectorRegistry) -> Histogram:
@@ -60,6 +66,7 @@ class ServiceCollector(Collector):
         self._runtime = runtime
         self._modes = modes
         self._telemetry = telemetry
+        self._calibration: dict[str, tuple[float, float | None]] = {}
 
     def collect(self) -> Iterator[Any]:
         runtime = self._runtime()
@@ -110,6 +117,7 @@ class ServiceCollector(Collector):
                 mismatch.add_metric([name], state.state_mismatches)
         yield from (kv, active, pool, imbalance, gap, mismatch)
         yield from self._windows(runtime)
+        yield self._predictor(runtime)
         yield from self._audit(runtime)
         yield from self._modes_and_telemetry(runtime)
 
@@ -164,6 +172,32 @@ class ServiceCollector(Collector):
                         ratio.add_metric([fleet, policy, label], row[column] / incumbent[column])
         yield from families.values()
         yield from (ratio, fidelity, step_a, step_b)
+
+    def _predictor(self, runtime: Runtime) -> GaugeMetricFamily:
+        """AUC of "finishes within H" for a Survival predictor on each fleet's recent
+        completions; recomputed at most every minute (it replays thousands of ages)."""
+        family = GaugeMetricFamily(
+            "shadow_predictor_calibration_auc",
+            "Survival predictor: AUC of finishing within the horizon, recent completions.",
+            labels=["fleet"],
+        )
+        now = time.monotonic()
+        horizon = runtime.settings.br_horizon
+        for fleet, state in list(runtime.pipeline.fleets.items()):
+            cached = self._calibration.get(fleet)
+            if cached is None or now - cached[0] > CALIBRATION_EVERY_S:
+                lengths = np.array(
+                    state.tracker.completed_lengths()[-CALIBRATION_REQUESTS:], dtype=np.int64
+                )
+                auc = None
+                if lengths.size >= 10:
+                    predictor = SurvivalPredictor()
+                    predictor.observe_many(lengths)
+                    auc = calibrate(predictor, lengths, horizon=horizon).auc
+                self._calibration[fleet] = cached = (now, None if auc != auc else auc)
+            if cached[1] is not None:
+                family.add_metric([fleet], cached[1])
+        return family
 
     def _audit(self, runtime: Runtime) -> Iterator[Any]:
         rows = runtime.store.query(
