@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 from pathlib import Path
 
 import httpx
+import uvicorn
 
 from ingest.synthetic import generate
 from ingest.traces import retime
@@ -61,3 +65,42 @@ def write_config(path: Path, **values: object) -> Path:
     lines = [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class ThreadedServer:
+    """An ASGI app on a loopback port, served by uvicorn in a daemon thread: the test
+    fakes (a streaming engine, a /metrics endpoint, a Grafana) all run this way."""
+
+    def __init__(self, app: object, *, port: int = 0, **config: object) -> None:
+        self.app = app
+        self.port = port
+        self.config = {"log_level": "warning", "lifespan": "off", **config}
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ThreadedServer:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart on the same port
+        sock.bind(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(self.app, **self.config))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            assert time.monotonic() < deadline, "test server did not start"
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            assert not self._thread.is_alive(), "test server did not stop"
+        self._server = self._thread = None

@@ -8,8 +8,6 @@ import enum
 import json
 import re
 import socket
-import threading
-import time
 import types
 import typing
 from collections.abc import Iterator
@@ -17,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from grafana_foundation_sdk.cog import runtime as cogruntime
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
@@ -31,6 +28,7 @@ from typer.testing import CliRunner
 
 from shadow import dashboards
 from shadow.cli import app
+from tests.service_helpers import ThreadedServer
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "dashboards"
@@ -344,8 +342,7 @@ class FakeGrafana:
         self.datasources: dict[str, dict[str, Any]] = {}
         self.dashboards: dict[str, dict[str, Any]] = {}
         self.port = 0
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http: ThreadedServer | None = None
 
     async def _record(self, request: Request) -> JSONResponse | None:
         body = await request.body()
@@ -440,25 +437,13 @@ class FakeGrafana:
             Route("/api/datasources/uid/{uid}", self.update_datasource, methods=["PUT"]),
             Route("/api/dashboards/db", self.save_dashboard, methods=["POST"]),
         ]
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            assert time.monotonic() < deadline, "fake Grafana did not start"
-            time.sleep(0.01)
+        self._http = ThreadedServer(Starlette(routes=routes)).start()
+        self.port = self._http.port
         return self
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
+        if self._http is not None:
+            self._http.stop()
 
     @property
     def url(self) -> str:

@@ -6,14 +6,12 @@ import asyncio
 import hashlib
 import json
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -22,6 +20,7 @@ from starlette.routing import Route
 from ingest.loadgen import RequestOutcome, request_body, run_load, summarize_load
 from ingest.synthetic import generate
 from shadow.workload import Workload
+from tests.service_helpers import ThreadedServer
 
 
 class StreamServer:
@@ -41,8 +40,7 @@ class StreamServer:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.port = 0
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http: ThreadedServer | None = None
 
     async def _completions(self, request: Request) -> Response:
         rid = request.headers["x-request-id"]
@@ -89,34 +87,19 @@ class StreamServer:
             self.in_flight -= 1
 
     def start(self) -> StreamServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
         app = Starlette(
             routes=[
                 Route("/v1/completions", self._completions, methods=["POST"]),
                 Route("/v1/chat/completions", self._completions, methods=["POST"]),
             ]
         )
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2, backlog=2048
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            assert time.monotonic() < deadline, "stream server did not start"
-            time.sleep(0.01)
+        self._http = ThreadedServer(app, timeout_graceful_shutdown=2, backlog=2048).start()
+        self.port = self._http.port
         return self
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
+        if self._http is not None:
+            self._http.stop()
 
     @property
     def url(self) -> str:

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -22,6 +21,7 @@ from ingest.poller import (
     parse_vllm_metrics,
     select_sample,
 )
+from tests.service_helpers import ThreadedServer
 
 # What vLLM V1 (0.9+) serves for a data-parallel deployment of two engines: HELP/TYPE
 # lines, counters with `_total` and `_created`, histograms, an info metric.
@@ -203,8 +203,7 @@ class MetricsServer:
         self.hits = 0
         self.release = threading.Event()
         self.port = port
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http: ThreadedServer | None = None
 
     async def _metrics(self, request: Request) -> Response:
         self.hits += 1
@@ -218,32 +217,16 @@ class MetricsServer:
         return PlainTextResponse(metrics_text(self.running, 2.0))
 
     def start(self) -> MetricsServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        self.port = sock.getsockname()[1]
         app = Starlette(routes=[Route("/metrics", self._metrics)])
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            assert time.monotonic() < deadline, "metrics server did not start"
-            time.sleep(0.01)
+        self._http = ThreadedServer(app, port=self.port, timeout_graceful_shutdown=1).start()
+        self.port = self._http.port
         return self
 
     def stop(self) -> None:
         self.release.set()
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-            assert not self._thread.is_alive()
-        self._server = None
+        if self._http is not None:
+            self._http.stop()
+        self._http = None
         self.release = threading.Event()
 
     @property
