@@ -595,34 +595,24 @@ def mode_set(
     _mode_action("set", fleet, reason, db, url, mode=mode, policy=policy)
 
 
-@mode_app.command("freeze")
-def mode_freeze(
-    reason: Annotated[str, typer.Option(help="Why (required, audited).")],
-    fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
-    url: UrlOption = None,
-) -> None:  # fmt: skip
-    """Stop automatic mode changes."""
-    _mode_action("freeze", fleet, reason, db, url)
+def _operator_command(action: str, summary: str) -> None:
+    """Register `shadow mode ACTION`: the same options for freeze, resume and reset."""
+
+    def command(
+        reason: Annotated[str, typer.Option(help="Why (required, audited).")],
+        fleet: Annotated[str, typer.Option()] = "default",
+        db: DbOption = DEFAULT_DB,
+        url: UrlOption = None,
+    ) -> None:
+        _mode_action(action, fleet, reason, db, url)
+
+    command.__doc__ = summary
+    mode_app.command(action)(command)
 
 
-@mode_app.command("resume")
-def mode_resume(
-    reason: Annotated[str, typer.Option(help="Why (required, audited).")],
-    fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
-    url: UrlOption = None,
-) -> None:  # fmt: skip
-    """Allow automatic mode changes again."""
-    _mode_action("resume", fleet, reason, db, url)
-
-
-@mode_app.command("reset")
-def mode_reset(
-    reason: Annotated[str, typer.Option(help="Why (required, audited).")],
-    fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
-    url: UrlOption = None,
-) -> None:  # fmt: skip
-    """Back to shadow from fallback or latched, trips cleared."""
-    _mode_action("reset", fleet, reason, db, url)
+_operator_command("freeze", "Stop automatic mode changes.")
+_operator_command("resume", "Allow automatic mode changes again.")
+_operator_command("reset", "Back to shadow from fallback or latched, trips cleared.")
 
 
 @audit_app.command("verify")

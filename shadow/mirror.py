@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, ReadyPool, prompt_key_id
+from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, prompt_key_id
 from shadow.predict.predictors import SurvivalPredictor
 
 #: Finish reasons after which a request's length says something about future requests.
@@ -197,14 +197,6 @@ class FleetMirror:
             np.zeros(workers, dtype=np.int64),
         )
 
-    def ready_pool(self) -> ReadyPool:
-        requests = list(self.pool.values())
-        return ReadyPool(
-            [r.request_id for r in requests],
-            np.fromiter((r.prompt_tokens for r in requests), np.int64, len(requests)),
-            np.fromiter((r.prompt_key for r in requests), np.int64, len(requests)),
-        )
-
     # -- writes (one per event type) ------------------------------------------------
 
     def _tick(self, ts: float) -> None:
@@ -359,11 +351,3 @@ class FleetMirror:
         worker.last_step = step
         worker.steps += 1
         return view
-
-    def forget_finished(self, keep: set[str] | None = None) -> int:
-        """Drop finished requests nobody needs any more (bounded memory)."""
-        keep = keep or set()
-        gone = [rid for rid, r in self.requests.items() if r.finished and rid not in keep]
-        for rid in gone:
-            del self.requests[rid]
-        return len(gone)

@@ -43,11 +43,6 @@ class LengthHistory:
         lengths = self._packed & (STRIDE - 1)
         self._prefix = np.concatenate(([0.0], np.cumsum(lengths, dtype=np.float64)))
 
-    def group_sizes(self, groups: np.ndarray) -> np.ndarray:
-        self._flush()
-        base = np.asarray(groups, dtype=np.int64) * STRIDE
-        return np.searchsorted(self._packed, base + STRIDE) - np.searchsorted(self._packed, base)
-
     def conditional(
         self, groups: np.ndarray, ages: np.ndarray, horizon: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
