@@ -69,7 +69,8 @@ class Decision(NamedTuple):
     router_view_agrees: bool | None
     #: wall time of this policy's decision on the snapshot
     latency_ms: float
-    #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity"}
+    #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity", "margins",
+    #: "f_br0", "f_brh"} (the last two: every worker's F-score for this request)
     snapshot: str
 
 
@@ -194,6 +195,9 @@ class Auditor:
                 "loads": loads.tolist(),
                 "active": snapshot.active_count.tolist(),
                 "capacity": snapshot.capacity.tolist(),
+                "margins": margins.tolist(),
+                "f_br0": np.round(br0, 3).tolist(),
+                "f_brh": np.round(brh, 3).tolist(),
             },
             separators=(",", ":"),
         )

@@ -33,6 +33,7 @@ from shadow.mirror import FleetMirror
 from shadow.policies import ActiveSet, BalanceRouteConfig, make_aa_policy, make_policy
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.replay import InitialRequest, replay
+from shadow.trajectory import Trajectory, bucket
 from shadow.workload import StepModel, Workload
 
 WINDOW_METRICS = (
@@ -116,6 +117,7 @@ class WindowSpec:
     imputed: int
     #: replay the window as its dispatches were observed: decided on arrival, mid-step
     decide_on_arrival: bool = False
+    observed_trajectory: Trajectory | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ class WindowResult:
     metrics: dict[str, dict[str, float]]  # policy (and "observed") -> metric -> value
     fidelity_imbalance: float
     fidelity_step: float
+    #: policy (and "observed") -> bucketed per-worker load path (the A/A run has none)
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)
 
 
 def _percentile(values: np.ndarray, q: float) -> float:
@@ -167,6 +171,9 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
     """Replay every policy from the window's start snapshot; compare with what happened."""
     span_ms = (spec.t_end - spec.t_start) * 1000.0
     metrics: dict[str, dict[str, float]] = {OBSERVED: spec.observed}
+    trajectories: dict[str, Trajectory] = {}
+    if spec.observed_trajectory is not None:
+        trajectories[OBSERVED] = spec.observed_trajectory
     trace_count = len(spec.arrivals)
     runs = [(name, None) for name in spec.policies]
     if spec.incumbent in spec.policies:
@@ -204,6 +211,13 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
             tpot,
             wait,
         )
+        if name != AA:
+            trajectories[name] = bucket(
+                result.step_start_ms[inside],
+                result.step_duration_ms[inside],
+                result.worker_load[inside],
+                span_ms,
+            )
     incumbent = metrics.get(spec.incumbent)
     fidelity_imbalance = fidelity_step = math.nan
     if incumbent is not None:
@@ -220,6 +234,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         metrics,
         fidelity_imbalance,
         fidelity_step,
+        trajectories,
     )
 
 
@@ -426,7 +441,7 @@ class WindowTracker:
             outputs.append(final_length(info, 0))
             keys.append(info.key)
         arrivals = Workload.from_arrays(f"window-{index}", ready, prompts, outputs, keys)
-        observed = self._observed(window)
+        observed, observed_path = self._observed(window)
         self._release_refs(window)
         return WindowSpec(
             self.fleet,
@@ -445,6 +460,7 @@ class WindowTracker:
             window.history,
             imputed,
             decide_on_arrival=window.mid_step > window.on_boundary,
+            observed_trajectory=observed_path,
         )
 
     def close(self, t_end: float) -> None:
@@ -465,7 +481,7 @@ class WindowTracker:
                 if info.refs <= 0:
                     del self.requests[rid]
 
-    def _observed(self, window: _Window) -> dict[str, float]:
+    def _observed(self, window: _Window) -> tuple[dict[str, float], Trajectory]:
         assert window.t_end is not None
         steps = sorted(s for s in window.steps if window.step_start[s] >= window.t_start - 1e-9)
         workers = len(window.workers)
@@ -492,12 +508,13 @@ class WindowTracker:
                 wait.append((info.dispatch_ts - max(info.ready_ts, window.t_start)) * 1000.0)
         tpot = _tpot_inside(ends * 1000.0, np.array(firsts, dtype=np.int64),
                             np.array(lasts, dtype=np.int64))  # fmt: skip
-        return _span_metrics(
-            starts[keep],
-            np.array([window.step_duration[s] for s in steps])[keep],
-            loads[keep],
-            running[keep],
-            window.t_end - window.t_start,
-            tpot,
+        durations = np.array([window.step_duration[s] for s in steps])
+        span_s = window.t_end - window.t_start
+        metrics = _span_metrics(
+            starts[keep], durations[keep], loads[keep], running[keep], span_s, tpot,
             np.array(wait),
+        )  # fmt: skip
+        path = bucket(
+            (starts[keep] - window.t_start) * 1000.0, durations[keep], loads[keep], span_s * 1000.0
         )
+        return metrics, path

@@ -35,12 +35,15 @@ from shadow.modes import (
     set_mode,
 )
 from shadow.policies.fscore import gap, imbalance
+from shadow.service import explore
 from shadow.service.demo import DemoPlan, DemoProcess
+from shadow.service.explore import SortKey
 from shadow.service.metrics import ServiceCollector, route_latency
 from shadow.service.pipeline import FleetState
 from shadow.service.routing import LiveRouter, RouteRequest
 from shadow.service.runtime import Runtime
 from shadow.service.settings import ServiceSettings
+from shadow.ui import mount_ui
 
 PAGE_MAX = 1000
 
@@ -312,6 +315,20 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                 "FROM violations GROUP BY fleet"
             )
         }
+        gates: dict[str, dict[str, Any]] = {}
+        for row in runtime().store.query(
+            "SELECT id, ts, fleet, candidate, baseline, verdict, report FROM gate_runs "
+            "QUALIFY row_number() OVER (PARTITION BY fleet ORDER BY ts DESC, id DESC) = 1"
+        ):
+            report = json.loads(row.pop("report"))
+            gates[row.pop("fleet")] = {**row, "dry_run": bool(report.get("dry_run")),
+                                       "deciding_rule": report.get("deciding_rule")}  # fmt: skip
+        windows = {
+            r["fleet"]: r["n"]
+            for r in runtime().store.query(
+                "SELECT fleet, count(*) AS n FROM windows GROUP BY fleet"
+            )
+        }
         for name, fleet in runtime().pipeline.fleets.items():
             mirror = fleet.mirror
             out.append(
@@ -324,9 +341,23 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                     "last_event_ts": mirror.now,
                     "violations": int(counts.get(name, {}).get("violations", 0)),
                     "critical_violations": int(counts.get(name, {}).get("critical", 0)),
+                    "mode": _mode_json(state["modes"].get(name)),
+                    "gate": gates.get(name),
+                    "telemetry": _freshness(name),
+                    "windows": int(windows.get(name, 0)),
                 }
             )
         return out
+
+    def _freshness(fleet: str) -> dict[str, Any]:
+        poller: MetricsPoller | None = state.get("poller")
+        if poller is None or fleet != settings.fleet:
+            return {"polling": False, "engines": 0, "stale": 0, "max_age_s": None}
+        status = poller.status()
+        ages = [s["age_s"] for s in status.values() if _clean(s.get("age_s")) is not None]
+        return {"polling": True, "engines": len(status),
+                "stale": sum(1 for s in status.values() if s["stale"]),
+                "max_age_s": max(ages) if ages else None}  # fmt: skip
 
     @app.get("/v1/fleets/{fleet}/snapshot")
     def snapshot(fleet: str) -> dict[str, Any]:
@@ -363,12 +394,18 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         fleet: str,
         disagreements_only: bool = False,
         policy: str | None = None,
+        worker: str | None = None,
+        min_regret: float | None = None,
         since: float | None = None,
         until: float | None = None,
+        sort: SortKey = "ts",
+        order: Literal["asc", "desc"] = "desc",
+        snapshot: bool = True,
         limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any]:
-        """The decision audit, newest first, filtered and paginated."""
+        """The decision audit (one row per dispatch and policy), filtered, sorted and
+        paginated. `regret` is the BR-0 F-score the incumbent's choice left on the table."""
         where = ["fleet = :fleet"]
         params: dict[str, Any] = {"fleet": fleet, "limit": limit, "offset": offset}
         if disagreements_only:
@@ -376,16 +413,35 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if policy is not None:
             where.append("policy = :policy")
             params["policy"] = policy
+        if worker is not None:
+            where.append("(incumbent_worker = :worker OR choice = :worker)")
+            params["worker"] = worker
+        if min_regret is not None:
+            where.append("f_br0_best - f_br0_incumbent >= :min_regret")
+            params["min_regret"] = min_regret
         if since is not None:
             where.append("ts >= :since")
             params["since"] = since
         if until is not None:
             where.append("ts < :until")
             params["until"] = until
-        page = _page(runtime(), "decisions", where, params, "ts DESC, ingest_id DESC, policy")
-        for row in page["items"]:
-            row["snapshot"] = json.loads(row["snapshot"])
-        return page
+        column = "f_br0_best - f_br0_incumbent" if sort == "regret" else sort
+        direction = "ASC" if order == "asc" else "DESC"
+        clause = " AND ".join(where)
+        store = runtime().store
+        total = store.query(f"SELECT count(*) AS n FROM decisions WHERE {clause}", params)
+        columns = "*" if snapshot else "* EXCLUDE (snapshot)"
+        rows = store.query(
+            f"SELECT {columns}, f_br0_best - f_br0_incumbent AS regret FROM decisions "
+            f"WHERE {clause} ORDER BY {column} {direction} NULLS LAST, ingest_id {direction}, "
+            "policy LIMIT :limit OFFSET :offset",
+            params,
+        )
+        items = _rows(rows)
+        if snapshot:
+            for row in items:
+                row["snapshot"] = json.loads(row["snapshot"])
+        return {"total": int(total[0]["n"]), "limit": limit, "offset": offset, "items": items}
 
     @app.get("/v1/fleets/{fleet}/violations")
     def violations(
@@ -533,4 +589,6 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             "n": 0,
         }
 
+    explore.register(app, runtime, lambda fleet: fleet_state(fleet).incumbent)
+    mount_ui(app)
     return app

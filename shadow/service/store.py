@@ -25,6 +25,7 @@ from sqlalchemy import Connection, text
 from shadow.audit import Decision
 from shadow.invariants import Violation
 from shadow.storage import open_database
+from shadow.trajectory import FIELDS as TRAJECTORY_FIELDS
 from shadow.windows import WINDOW_METRICS, WindowResult
 
 LIFECYCLE_COLUMNS = (
@@ -50,7 +51,8 @@ VIOLATION_COLUMNS = ("ingest_id", "fleet", "kind", "severity", "worker", "reques
                      "detail")  # fmt: skip
 
 #: Tables keyed by a primary key, where a row may be written again (restart, newer value).
-UPSERT_TABLES = frozenset({"progress_latest", "window_metrics"})
+TRAJECTORY_COLUMNS = ("fleet", "window_index", "policy", "points", "workers", *TRAJECTORY_FIELDS)
+UPSERT_TABLES = frozenset({"progress_latest", "window_metrics", "window_trajectories"})
 _views = itertools.count()
 _views_lock = threading.Lock()
 
@@ -178,6 +180,11 @@ class ServiceStore:
             _append(
                 conn, "window_metrics", ("fleet", "window_index", "policy", *WINDOW_METRICS), rows
             )
+            paths = [
+                (result.fleet, result.index, policy, *path.encode().values())
+                for policy, path in result.trajectories.items()
+            ]
+            _append(conn, "window_trajectories", TRAJECTORY_COLUMNS, paths)
 
     def save_fit(self, fleet: str, fitted_at: float, fit: Any) -> None:
         with self.engine.begin() as conn:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Double,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     Sequence,
     String,
@@ -292,6 +293,24 @@ class WindowMetricRow(Base):
     tpot_p95_ms: Mapped[float | None] = mapped_column(Double)
     pool_wait_p95_ms: Mapped[float | None] = mapped_column(Double)
     steps: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class WindowTrajectoryRow(Base):
+    """A window's bucketed per-worker load path for one policy (see ``shadow.trajectory``):
+    float32 little-endian arrays, `loads` row-major (points x workers)."""
+
+    __tablename__ = "window_trajectories"
+
+    fleet: Mapped[str] = mapped_column(Text, primary_key=True)
+    window_index: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    policy: Mapped[str] = mapped_column(Text, primary_key=True)
+    points: Mapped[int] = mapped_column(Integer, nullable=False)
+    workers: Mapped[int] = mapped_column(Integer, nullable=False)
+    t_ms: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    loads: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    imbalance: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    gap: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    step_ms: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 
 class StepModelFitRow(Base):

@@ -1,0 +1,246 @@
+"""The UI's read API (docs/UI.md) on recorded traffic with known ground truth: the
+comparison table, trajectories, decisions with filters and sorting, one decision's
+snapshot, violation timelines, gate dry runs and stored replays."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from analysis.comparison import summary_table
+from shadow.service.process import REPO
+from shadow.trajectory import Trajectory, bucket, join
+from tests.service_helpers import Server, record, write_config
+
+FLEET = "/v1/fleets/default"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """1,500 recorded requests ingested with 20 s windows, one stored replay, a server."""
+    root = tmp_path_factory.mktemp("explore")
+    log, db = root / "events.jsonl", root / "shadow.duckdb"
+    result, _ = record(log, 1500, load=1.0)
+    config = write_config(root / "service.toml", window_s=20.0)
+    cli = [sys.executable, "-m", "shadow.cli"]
+    for command in (
+        ["ingest", str(log), "--db", str(db), "--config", str(config)],
+        ["replay", "synthetic:small", "--db", str(db), "--policies", "jsq,br0", "--workers", "4"],
+    ):
+        done = subprocess.run(cli + command, cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    server = Server(db, config).start()
+    client = httpx.Client(base_url=server.url, timeout=30.0)
+    try:
+        yield client, result
+    finally:
+        client.close()
+        server.stop()
+
+
+def get(client: httpx.Client, path: str, **params) -> dict:
+    response = client.get(path, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_summary_ratios_are_ratios_of_window_sums(service):
+    client, _ = service
+    summary = get(client, f"{FLEET}/summary")
+    windows = get(client, f"{FLEET}/windows", limit=1000)["items"]
+    assert summary["windows"] == len(windows) >= 5
+    rows = {r["policy"]: r for r in summary["rows"]}
+    assert [r["policy"] for r in summary["rows"]][:2] == ["observed", "jsq"]
+    assert rows["jsq"]["ratios"]["imbalance"] is None
+    br0 = sum(w["policies"]["br0"]["imbalance_mean"] for w in windows)
+    jsq = sum(w["policies"]["jsq"]["imbalance_mean"] for w in windows)
+    ratio = rows["br0"]["ratios"]["imbalance"]
+    assert ratio["point"] == pytest.approx(br0 / jsq)
+    assert ratio["ci_low"] <= ratio["point"] <= ratio["ci_high"]
+    assert ratio["n"] == len(windows)
+    assert ratio["point"] < 1.0  # BR-0 balances better than JSQ on this trace
+    first = windows[0]["t_start"]
+    later = get(client, f"{FLEET}/summary", since=first + 1e-6)
+    assert later["windows"] == len(windows) - 1
+
+
+def test_compare_one_window_has_a_series_per_worker_per_policy(service):
+    client, result = service
+    windows = get(client, f"{FLEET}/windows", limit=1000)["items"]
+    chosen = windows[2]
+    view = get(client, f"{FLEET}/compare", window=chosen["window_index"])
+    assert view["windows"] == [chosen["window_index"]]
+    assert list(view["series"]) == ["observed", "jsq", "br0", "brh-survival"]
+    assert view["workers"] == [str(g) for g in range(8)]
+    for series in view["series"].values():
+        assert len(series["loads"]) == 8
+        assert all(len(loads) == len(series["t"]) for loads in series["loads"])
+        assert chosen["t_start"] <= series["t"][0] and series["t"][-1] < chosen["t_end"]
+    # the observed path is the recorded run's: its peak is the recording's peak in the window
+    observed = np.array(view["series"]["observed"]["loads"])
+    assert observed.max() <= result.worker_load.max()
+    assert view["summary"]["windows"] == 1
+
+
+def test_compare_over_a_range_joins_windows_and_limits_points(service):
+    client, _ = service
+    windows = get(client, f"{FLEET}/windows", limit=1000)["items"]
+    since, until = windows[1]["t_start"], windows[4]["t_start"]
+    view = get(client, f"{FLEET}/compare", since=since, until=until, points=50,
+               policies="observed,br0")  # fmt: skip
+    assert view["windows"] == [w["window_index"] for w in windows[1:4]]
+    assert list(view["series"]) == ["observed", "br0"]
+    t = view["series"]["br0"]["t"]
+    assert len(t) == 50 and t == sorted(t)
+    assert view["boundaries"] == [w["t_start"] for w in windows[1:4]]
+    bad = client.get(f"{FLEET}/compare", params={"policies": "observed,nope"})
+    assert bad.status_code == 422 and "nope" in bad.text
+
+
+def test_decision_filters_and_sorting(service):
+    client, _ = service
+    everything = get(client, f"{FLEET}/decisions", snapshot="false", limit=1)["total"]
+    by_worker = get(client, f"{FLEET}/decisions", worker="3", policy="br0", limit=200)
+    assert 0 < by_worker["total"] < everything
+    assert all("3" in (r["incumbent_worker"], r["choice"]) for r in by_worker["items"])
+    regretful = get(client, f"{FLEET}/decisions", min_regret=100, sort="regret", limit=200)
+    assert 0 < regretful["total"] < everything
+    regrets = [r["regret"] for r in regretful["items"]]
+    assert min(regrets) >= 100 and regrets == sorted(regrets, reverse=True)
+    by_id = get(client, f"{FLEET}/decisions", sort="request_id", order="asc", limit=50)
+    ids = [r["request_id"] for r in by_id["items"]]
+    assert ids == sorted(ids)
+    bad = client.get(f"{FLEET}/decisions", params={"sort": "snapshot; DROP TABLE decisions"})
+    assert bad.status_code == 422
+
+
+def test_one_decision_shows_its_snapshot_and_every_choice(service):
+    client, _ = service
+    row = get(client, f"{FLEET}/decisions", disagreements_only="true", policy="br0",
+              sort="regret", limit=1)["items"][0]  # fmt: skip
+    detail = get(client, f"{FLEET}/decisions/{row['ingest_id']}")
+    snapshot = detail["snapshot"]
+    assert len(snapshot["loads"]) == len(snapshot["f_br0"]) == len(snapshot["f_brh"]) == 8
+    g = snapshot["workers"].index(detail["incumbent_worker"])
+    assert snapshot["f_br0"][g] == pytest.approx(detail["f_br0_incumbent"])
+    assert snapshot["f_brh"][g] == pytest.approx(detail["f_brh_incumbent"], abs=1e-3)
+    assert max(snapshot["f_br0"]) == pytest.approx(detail["f_br0_best"])
+    assert snapshot["margins"] == [max(snapshot["loads"]) - v for v in snapshot["loads"]]
+    choices = {c["policy"]: c for c in detail["choices"]}
+    assert set(choices) == {"jsq", "br0", "brh-survival"}
+    assert choices["br0"]["choice"] == row["choice"] and not choices["br0"]["agrees"]
+    assert client.get(f"{FLEET}/decisions/999999999").status_code == 404
+
+
+def test_violation_timeline_counts_each_kind(service):
+    client, _ = service
+    now = get(client, "/v1/fleets")[0]["last_event_ts"]
+    events = [
+        {
+            "type": "finish",
+            "ts": now + 1,
+            "request_id": f"ghost-{i}",
+            "output_tokens": 1,
+            "reason": "stop",
+        }
+        for i in range(3)
+    ]
+    body = "\n".join(json.dumps(e) for e in events)
+    posted = client.post("/v1/events", content=body,
+                         headers={"content-type": "application/x-ndjson"})  # fmt: skip
+    assert posted.status_code == 200, posted.text
+    client.post("/v1/flush")
+    timeline = get(client, f"{FLEET}/violations/timeline", buckets=10)
+    assert timeline["kinds"] == ["finish_unknown_request"]
+    assert sum(timeline["counts"]["finish_unknown_request"]) == 3
+    assert len(timeline["t"]) == 10
+
+
+def test_gate_dry_run_is_recorded_and_listed(service):
+    client, _ = service
+    before = get(client, f"{FLEET}/mode")
+    response = client.post(f"{FLEET}/gate/dry-run", json={"candidate": "br0", "baseline": "jsq"})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["dry_run"] is True and report["verdict"] in (
+        "PASS", "FAIL", "MARGINAL", "INCONCLUSIVE")  # fmt: skip
+    runs = get(client, f"{FLEET}/gate/runs")["items"]
+    assert runs[0]["id"] == report["id"] and runs[0]["dry_run"] is True
+    stored = get(client, f"/v1/gate/runs/{report['id']}")
+    assert stored["verdict"] == report["verdict"] and stored["rows"] == report["rows"]
+    assert get(client, f"{FLEET}/mode") == before
+    assert get(client, "/v1/fleets")[0]["gate"]["id"] == report["id"]
+    log = get(client, "/v1/audit/log", fleet="default", kind="gate_run")["items"]
+    assert log and log[0]["payload"]["verdict"] == report["verdict"]
+    bad = client.post(f"{FLEET}/gate/dry-run", json={"candidate": "nope"})
+    assert bad.status_code == 422 and "candidate" in bad.text
+
+
+def test_stored_replays_list_and_series(service):
+    client, _ = service
+    runs = get(client, "/v1/replays")["items"]
+    assert len(runs) == 1 and {p["policy"] for p in runs[0]["policies"]} == {"jsq", "br0"}
+    run = get(client, f"/v1/replays/{runs[0]['id']}", points=40)
+    assert set(run["series"]) == {"jsq", "br0"}
+    for series in run["series"].values():
+        assert 0 < len(series["t_ms"]) <= 40 and series["t_ms"] == sorted(series["t_ms"])
+        assert min(series["imbalance"]) >= 0
+    assert client.get("/v1/replays/424242").status_code == 404
+
+
+def test_ui_pages_are_served_with_security_headers(service):
+    client, _ = service
+    for path in ("/", "/compare", "/decisions", "/integrity", "/gate", "/replays"):
+        response = client.get(path)
+        assert response.status_code == 200 and "text/html" in response.headers["content-type"]
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["x-frame-options"] == "DENY"
+
+
+# -- pure pieces ---------------------------------------------------------------------
+
+
+def test_bucket_means_every_quantity_per_time_bucket():
+    start = np.array([0.0, 10.0, 20.0, 30.0])
+    loads = np.array([[1, 3], [3, 5], [10, 0], [20, 0]])
+    path = bucket(start, np.array([5.0, 7.0, 9.0, 11.0]), loads, span_ms=40.0, points=2)
+    assert path.t_ms.tolist() == [5.0, 25.0]
+    assert path.loads.tolist() == [[2.0, 4.0], [15.0, 0.0]]
+    assert path.imbalance.tolist() == [2.0, 15.0]  # per-step max - min, then averaged
+    assert path.gap.tolist() == [2.0, 15.0]
+    assert path.step_ms.tolist() == [6.0, 10.0]
+    again = Trajectory.decode({"points": 2, "workers": 2, **{
+        k: v for k, v in path.encode().items() if k not in ("points", "workers")}})  # fmt: skip
+    assert np.array_equal(again.loads, path.loads)
+
+
+def test_join_orders_windows_and_rebuckets():
+    one = bucket(np.arange(10.0), np.ones(10), np.ones((10, 2)), span_ms=10.0, points=10)
+    two = bucket(np.arange(10.0), np.ones(10), np.full((10, 2), 3.0), span_ms=10.0, points=10)
+    joined = join([(100.0, two), (50.0, one)], points=4)
+    assert joined.points == 4
+    assert joined.loads[0, 0] == 1.0 and joined.loads[-1, 0] == 3.0
+    assert np.all(np.diff(joined.t_ms) > 0)
+
+
+def test_summary_table_is_deterministic_and_pairs_windows():
+    rows = []
+    for w in range(40):
+        rows.append({"window_index": w, "policy": "jsq", "imbalance_mean": 100.0 + w,
+                     "throughput_tok_s": 10.0, "tpot_p95_ms": 50.0, "steps": 5})  # fmt: skip
+        rows.append({"window_index": w, "policy": "br0", "imbalance_mean": 50.0 + w / 2,
+                     "throughput_tok_s": 11.0, "tpot_p95_ms": 45.0, "steps": 5})  # fmt: skip
+    table = summary_table(rows, "jsq")
+    assert table == summary_table(rows, "jsq")
+    br0 = next(r for r in table["rows"] if r["policy"] == "br0")
+    # perfectly paired halves: every resample gives exactly 0.5
+    assert br0["ratios"]["imbalance"]["point"] == pytest.approx(0.5)
+    assert br0["ratios"]["imbalance"]["ci_low"] == pytest.approx(0.5)
+    assert br0["ratios"]["throughput"]["point"] == pytest.approx(1.1)
+    assert br0["steps"] == 200
