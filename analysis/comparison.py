@@ -9,7 +9,6 @@ windows (2,880) with five policies takes milliseconds, which a page load can aff
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,61 +37,93 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def summary_table(
-    metrics: Iterable[Mapping[str, Any]],
+    columns: Mapping[str, np.ndarray],
     incumbent: str,
     *,
     resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """`metrics`: window_metrics rows (`window_index`, `policy`, the WINDOW_METRICS).
-    Returns `{"windows": n, "rows": [...]}` with `observed` first, then the incumbent,
-    then the other policies by name."""
-    rows = list(metrics)
-    windows = sorted({int(r["window_index"]) for r in rows})
-    position = {w: i for i, w in enumerate(windows)}
-    n = len(windows)
+    """`columns`: window_metrics as arrays (`window_index`, `policy`, the WINDOW_METRICS;
+    missing values NaN or masked). Returns `{"windows": n, "rows": [...]}` with `observed`
+    first, then the incumbent, then the other policies by name."""
+    index = np.asarray(columns["window_index"], dtype=np.int64)
+    policies = np.asarray(columns["policy"]).astype(str)
+    windows = np.unique(index)
+    n = int(windows.shape[0])
+    position = np.searchsorted(windows, index)
     table: dict[str, dict[str, np.ndarray]] = {}
-    for r in rows:
-        columns = table.setdefault(r["policy"], {m: np.full(n, np.nan) for m in WINDOW_METRICS})
+    for policy in np.unique(policies).tolist():
+        mask = policies == policy
+        table[policy] = {}
         for m in WINDOW_METRICS:
-            value = r.get(m)
-            if value is not None:
-                columns[m][position[int(r["window_index"])]] = float(value)
-    weights = _weights(n, resamples, seed) if n else np.empty((0, 0))
-    alpha = 1.0 - CONFIDENCE
+            values = np.full(n, np.nan)
+            values[position[mask]] = _floats(columns[m])[mask]
+            table[policy][m] = values
     base = table.get(incumbent)
-
-    def ratio(policy: str, metric: str) -> dict[str, Any] | None:
-        if base is None or policy in (incumbent, OBSERVED):
-            return None
-        cand, inc = table[policy][metric], base[metric]
-        keep = np.isfinite(cand) & np.isfinite(inc)
-        if not keep.any() or inc[keep].sum() == 0:
-            return {"point": None, "ci_low": None, "ci_high": None, "n": int(keep.sum())}
-        c, i = np.where(keep, cand, 0.0), np.where(keep, inc, 0.0)
-        sums = weights @ np.stack([c, i], axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            samples = sums[:, 0] / sums[:, 1]
-        samples = samples[np.isfinite(samples)]
-        low, high = (
-            (float(v) for v in np.percentile(samples, [50 * alpha, 100 - 50 * alpha]))
-            if samples.size
-            else (math.nan, math.nan)
-        )
-        return {
-            "point": float(c.sum() / i.sum()),
-            "ci_low": None if math.isnan(low) else low,
-            "ci_high": None if math.isnan(high) else high,
-            "n": int(keep.sum()),
-        }
-
+    pairs: list[tuple[str, str]] = [
+        (policy, name)
+        for policy in table
+        for name in RATIOS
+        if base is not None and policy not in (incumbent, OBSERVED)
+    ]
+    ratios: dict[tuple[str, str], dict[str, Any]] = {}
+    if pairs and n:
+        # one matrix product gives every resampled sum of every (policy, metric) pair
+        stacked, keeps = [], []
+        for policy, name in pairs:
+            cand, inc = table[policy][RATIOS[name]], base[RATIOS[name]]  # type: ignore[index]
+            keep = np.isfinite(cand) & np.isfinite(inc)
+            keeps.append(keep)
+            stacked += [np.where(keep, cand, 0.0), np.where(keep, inc, 0.0)]
+        matrix = np.stack(stacked, axis=1)
+        sums = _weights(n, resamples, seed) @ matrix
+        totals = matrix.sum(axis=0)
+        alpha = 1.0 - CONFIDENCE
+        for j, pair in enumerate(pairs):
+            used = int(keeps[j].sum())
+            if not used or totals[2 * j + 1] == 0:
+                ratios[pair] = {"point": None, "ci_low": None, "ci_high": None, "n": used}
+                continue
+            with np.errstate(divide="ignore", invalid="ignore"):
+                samples = sums[:, 2 * j] / sums[:, 2 * j + 1]
+            samples = samples[np.isfinite(samples)]
+            low = high = None
+            if samples.size:
+                low, high = (
+                    float(v) for v in np.percentile(samples, [50 * alpha, 100 - 50 * alpha])
+                )
+            ratios[pair] = {"point": float(totals[2 * j] / totals[2 * j + 1]),
+                            "ci_low": low, "ci_high": high, "n": used}  # fmt: skip
     order = sorted(table, key=lambda p: (p != OBSERVED, p != incumbent, p))
     out = []
     for policy in order:
         row: dict[str, Any] = {"policy": policy}
         for m in WINDOW_METRICS:
             row[m] = _mean(table[policy][m])
-        row["steps"] = int(np.nansum(table[policy]["steps"])) if row["steps"] is not None else None
-        row["ratios"] = {name: ratio(policy, metric) for name, metric in RATIOS.items()}
+        steps = table[policy]["steps"]
+        row["steps"] = int(np.nansum(steps)) if np.isfinite(steps).any() else None
+        row["ratios"] = {name: ratios.get((policy, name)) for name in RATIOS}
         out.append(row)
     return {"windows": n, "rows": out}
+
+
+def _floats(values: Any) -> np.ndarray:
+    """A fetched column as float64 with NULLs (masked or None) as NaN."""
+    if isinstance(values, np.ma.MaskedArray):
+        return values.astype(np.float64).filled(np.nan)
+    array = np.asarray(values)
+    if array.dtype == object:
+        return np.array([np.nan if v is None else float(v) for v in array], dtype=np.float64)
+    return array.astype(np.float64)
+
+
+def rows_to_columns(rows: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Row dicts (tests, small inputs) as the columns `summary_table` takes."""
+    rows = list(rows)
+    names = ("window_index", "policy", *WINDOW_METRICS)
+    return {
+        name: np.array([r.get(name) for r in rows], dtype=object if name == "policy" else float)
+        if name != "window_index"
+        else np.array([r["window_index"] for r in rows], dtype=np.int64)
+        for name in names
+    }

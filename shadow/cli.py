@@ -677,6 +677,42 @@ def bench_ingest(
         console.print(f"wrote {json_out}")
 
 
+@bench_app.command("ui")
+def bench_ui(
+    hours: Annotated[float, typer.Option(min=0.1, help="Hours of fleet data to build.")] = 24.0,
+    db: Annotated[
+        Path | None,
+        typer.Option(help="Keep the built database here (reused if it exists)."),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed loads per page.")] = 3,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Page loads in Chromium (navigation to drawn) with a day of 8-worker data."""
+    from shadow.bench import ui as bench
+
+    report = bench.run(db, hours=hours, repeats=repeats, note=lambda m: console.print(m))
+    table = Table(title=f"UI page loads, {hours:g} h of 8-worker data "
+                  f"({report['build']['database_bytes'] / 2**20:,.0f} MiB database)")  # fmt: skip
+    for column in ("page", "median ms", "max ms", "target"):
+        table.add_column(column, justify="left" if column == "page" else "right")
+    for name, timing in report["pages"].items():
+        met = "[green]ok" if timing["max_ms"] < report["target_ms"] else "[red]MISSED"
+        table.add_row(name, f"{timing['median_ms']:.0f}", f"{timing['max_ms']:.0f}",
+                      f"< {report['target_ms']:.0f} {met}")  # fmt: skip
+    console.print(table)
+    api = Table(title="API calls behind the pages")
+    for column in ("call", "median ms", "max ms", "KiB"):
+        api.add_column(column, justify="left" if column == "call" else "right")
+    for name, timing in report["api"].items():
+        api.add_row(name, f"{timing['median_ms']:.0f}", f"{timing['max_ms']:.0f}",
+                    f"{timing['bytes'] / 1024:,.0f}")  # fmt: skip
+    console.print(api)
+    console.print(f"service start (re-applies the recorded events): {report['startup_s']:.1f} s")
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
 @bench_app.command("replay")
 def bench_replay(
     trace: Annotated[str, typer.Argument(help="Trace file or synthetic:PRESET.")] = (

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from analysis.comparison import summary_table
+from analysis.comparison import rows_to_columns, summary_table
 from shadow.service.process import REPO
 from shadow.trajectory import Trajectory, bucket, join
 from tests.service_helpers import Server, record, write_config
@@ -236,8 +236,8 @@ def test_summary_table_is_deterministic_and_pairs_windows():
                      "throughput_tok_s": 10.0, "tpot_p95_ms": 50.0, "steps": 5})  # fmt: skip
         rows.append({"window_index": w, "policy": "br0", "imbalance_mean": 50.0 + w / 2,
                      "throughput_tok_s": 11.0, "tpot_p95_ms": 45.0, "steps": 5})  # fmt: skip
-    table = summary_table(rows, "jsq")
-    assert table == summary_table(rows, "jsq")
+    table = summary_table(rows_to_columns(rows), "jsq")
+    assert table == summary_table(rows_to_columns(rows), "jsq")
     br0 = next(r for r in table["rows"] if r["policy"] == "br0")
     # perfectly paired halves: every resample gives exactly 0.5
     assert br0["ratios"]["imbalance"]["point"] == pytest.approx(0.5)

@@ -46,6 +46,7 @@ from shadow.service.settings import ServiceSettings
 from shadow.ui import mount_ui
 
 PAGE_MAX = 1000
+WINDOWS_PAGE_MAX = 5000  # a day of 30 s windows is 2,880
 
 
 def _clean(value: Any) -> Any:
@@ -464,10 +465,12 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     @app.get("/v1/fleets/{fleet}/windows")
     def windows(
         fleet: str,
-        limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
+        policies: bool = True,
+        limit: Annotated[int, Query(ge=1, le=WINDOWS_PAGE_MAX)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any]:
-        """Evaluated windows with per-policy (and observed) metrics, oldest first."""
+        """Evaluated windows with per-policy (and observed) metrics, oldest first
+        (`policies=false`: the window rows alone, e.g. fidelity over a day)."""
         store = runtime().store
         params = {"fleet": fleet, "limit": limit, "offset": offset}
         total = store.query("SELECT count(*) AS n FROM windows WHERE fleet = :fleet", params)
@@ -476,7 +479,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             "LIMIT :limit OFFSET :offset",
             params,
         )
-        if rows:
+        if rows and policies:
             indices = [r["window_index"] for r in rows]
             metrics = store.query(
                 "SELECT * FROM window_metrics WHERE fleet = :fleet AND window_index "

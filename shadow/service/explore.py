@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -85,10 +86,11 @@ def summary(
         f"WHERE {where}",
         params,
     )[0]
-    metrics = store.query(
+    native = re.sub(r":(\w+)", r"$\1", where)  # DuckDB's own placeholders
+    metrics = store.columns(
         f"SELECT m.window_index, m.policy, {', '.join('m.' + m for m in WINDOW_METRICS)} "
         "FROM window_metrics m JOIN windows w ON m.fleet = w.fleet AND "
-        f"m.window_index = w.window_index WHERE {where}",
+        f"m.window_index = w.window_index WHERE {native}",
         params,
     )
     table = summary_table(metrics, incumbent)
