@@ -10,11 +10,14 @@ import contextlib
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
@@ -35,7 +38,7 @@ from shadow.modes import (
     set_mode,
 )
 from shadow.policies.fscore import gap, imbalance
-from shadow.service import explore
+from shadow.service import auth, explore
 from shadow.service.demo import DemoPlan, DemoProcess
 from shadow.service.explore import SortKey
 from shadow.service.metrics import ServiceCollector, route_latency
@@ -161,6 +164,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                 lambda: state["runtime"],
                 lambda: state["modes"],
                 lambda: state["poller"].status() if state.get("poller") else {},
+                lambda: state["auth_denied"],
             )
         )
         state["registry"] = registry
@@ -230,6 +234,31 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     def runtime() -> Runtime:
         return state["runtime"]
 
+    def _hit(bound: str) -> None:
+        runtime().pipeline.bound_hits[bound] += 1
+
+    tokens = settings.token_table()
+    state["auth_denied"] = Counter({401: 0, 403: 0})
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        denied = auth.check(
+            tokens, request.method, request.url.path, request.headers.get("authorization")
+        )
+        if denied is None:
+            return await call_next(request)
+        state["auth_denied"][denied.status] += 1
+        headers = {"WWW-Authenticate": 'Bearer realm="shadow"'} if denied.status == 401 else {}
+        return JSONResponse({"detail": denied.message}, status_code=denied.status,
+                            headers=headers)  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        """FastAPI's 422, with page sizes past their bound counted."""
+        if any(e.get("loc", [None])[-1] == "limit" for e in error.errors()):
+            _hit("page_size")
+        return await request_validation_exception_handler(request, error)
+
     def fleet_state(fleet: str) -> FleetState:
         found = runtime().pipeline.fleets.get(fleet)
         if found is None:
@@ -252,22 +281,35 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         others in the batch are rejected; each rejection names its position and field."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise HTTPException(413, f"body of {declared} bytes exceeds {settings.max_body_bytes}")
+            _hit("body_bytes")
+            raise HTTPException(
+                413, f"body of {declared} bytes exceeds max_body_bytes ({settings.max_body_bytes})"
+            )
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > settings.max_body_bytes:
-                raise HTTPException(413, f"body exceeds {settings.max_body_bytes} bytes")
+                _hit("body_bytes")
+                raise HTTPException(
+                    413, f"body exceeds max_body_bytes ({settings.max_body_bytes} bytes)"
+                )
         state["last_submit"] = time.monotonic()
         pipeline = runtime().pipeline
         if pipeline.broken:
             raise HTTPException(503, "ingest stopped after a storage failure; restart the service")
 
-        def work() -> dict[str, Any]:
+        def work() -> dict[str, Any] | None:
             events, errors = parse_body(bytes(body), request.headers.get("content-type"))
+            if len(events) + len(errors) > settings.max_batch_events:
+                return None
             return pipeline.submit(events, errors).as_json()
 
         result = await run_in_threadpool(work)
+        if result is None:
+            _hit("batch_events")
+            raise HTTPException(
+                413, f"batch exceeds max_batch_events ({settings.max_batch_events}); split it"
+            )
         status = (
             400 if result["rejected"] and not (result["accepted"] or result["duplicates"]) else 200
         )

@@ -62,10 +62,12 @@ class ServiceCollector(Collector):
         runtime: Callable[[], Runtime],
         modes: Callable[[], ModeStore],
         telemetry: Callable[[], dict[str, dict[str, Any]]],
+        auth_denied: Callable[[], dict[int, int]] = dict,
     ) -> None:
         self._runtime = runtime
         self._modes = modes
         self._telemetry = telemetry
+        self._auth_denied = auth_denied
         self._calibration: dict[str, tuple[float, float | None]] = {}
 
     def collect(self) -> Iterator[Any]:
@@ -79,8 +81,23 @@ class ServiceCollector(Collector):
             events.add_metric([fleet, kind, outcome], count)
         yield events
         yield CounterMetricFamily(
-            "shadow_events_rejected", "Events rejected as malformed.", value=pipeline.rejected
-        )
+            "shadow_events_rejected", "Events rejected as malformed or past a bound.",
+            value=pipeline.rejected,
+        )  # fmt: skip
+        bounds = CounterMetricFamily(
+            "shadow_bound_hits", "Times a configured bound was hit (answered with a clear "
+            "error or, for the reorder buffer, an early apply).", labels=["bound"],
+        )  # fmt: skip
+        for bound, count in sorted(pipeline.bound_hits.items()):
+            bounds.add_metric([bound], count)
+        yield bounds
+        denied = CounterMetricFamily(
+            "shadow_auth_denied", "Requests refused: 401 no or unknown token, 403 missing role.",
+            labels=["status"],
+        )  # fmt: skip
+        for status, count in sorted(self._auth_denied().items()):
+            denied.add_metric([str(status)], count)
+        yield denied
         kv = GaugeMetricFamily(
             "shadow_mirror_kv_tokens", "KV tokens per worker in the mirror.",
             labels=["fleet", "worker"],

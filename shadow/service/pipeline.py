@@ -55,6 +55,25 @@ class PipelineConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
     invariants: InvariantConfig = field(default_factory=InvariantConfig)
     windows: WindowConfig = field(default_factory=WindowConfig)
+    limits: Limits = field(default_factory=lambda: Limits())
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one service instance holds; each hit is counted (`bound_hits`)."""
+
+    #: events waiting in the reorder window; past it, everything buffered is applied now
+    max_reorder_events: int = 1_000_000
+    max_fleets: int = 64
+    max_workers_per_fleet: int = 1024
+    #: requests ready or running in one fleet; more `ready` events are rejected
+    max_active_per_fleet: int = 200_000
+    #: dedupe memory of a finished request's progress is kept this long (fleet time)
+    finished_ttl_s: float = 300.0
+
+
+BOUNDS = ("body_bytes", "batch_events", "reorder_buffer", "fleets", "workers_per_fleet",
+          "active_per_fleet", "page_size")  # fmt: skip
 
 
 @dataclass
@@ -224,6 +243,10 @@ class Pipeline:
         #: (fleet, event type, accepted|duplicate) -> events, for /metrics
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self.rejected = 0
+        #: bound name (BOUNDS) -> times it was hit, for /metrics
+        self.bound_hits: Counter[str] = Counter({name: 0 for name in BOUNDS})
+        self._admitted_workers: dict[str, set[str]] = {}
+        self._finished_progress: deque[tuple[float, tuple[str, str]]] = deque()
         #: Set when a commit failed after the batch was applied in memory; the owner must
         #: build a new pipeline from the database (`start`) before submitting more.
         self.broken = False
@@ -251,11 +274,17 @@ class Pipeline:
                     self._steps_memory(event.fleet, event.worker).add(event.step)
                 elif kind == "progress":
                     self._progress_seen[(event.fleet, event.request_id)] = event.generated
+                elif kind == "finish":
+                    self._finished_progress.append((ts, (event.fleet, event.request_id)))
+                elif kind == "worker":
+                    self._admitted_workers.setdefault(event.fleet, set()).add(event.worker)
+                self._admitted_workers.setdefault(event.fleet, set())
                 derive = ingest_id > applied_through
                 self._apply(event, ingest_id, violations, stream, derive=derive)
                 self._last_applied = (ts, ORDER[kind])
                 self._max_ts = max(self._max_ts, ts)
                 count += 1
+            self._forget_finished_progress()
             self._audit(stream)
             decisions, audited = self._collect_audits(wait=True)
             self.store.commit(
@@ -294,7 +323,15 @@ class Pipeline:
             batch = EventBatch()
             fresh: list[tuple[float, int, int, Any]] = []
             next_id = self._next_id
-            for _, event in events:
+            for position, event in events:
+                refused = self._over_bound(event)
+                if refused is not None:
+                    bound, field_name, message = refused
+                    self.bound_hits[bound] += 1
+                    result.rejected += 1
+                    self.rejected += 1
+                    result.errors.append(EventError(position, None, field_name, message))
+                    continue
                 if not self._is_new(event):
                     result.duplicates += 1
                     self.counts[(event.fleet, event.type, "duplicate")] += 1
@@ -320,7 +357,7 @@ class Pipeline:
                             event.waiting,
                         )
                     )
-                else:
+                elif kind == "progress":
                     key = (event.fleet, event.request_id)
                     if self._progress_seen.get(key, -1) < event.generated:
                         self._progress_seen[key] = event.generated
@@ -328,14 +365,56 @@ class Pipeline:
                 fresh.append((event.ts, ORDER[kind], ingest_id, event))
                 result.accepted += 1
                 self.counts[(event.fleet, kind, "accepted")] += 1
+                if kind == "finish":
+                    self._finished_progress.append((event.ts, (event.fleet, event.request_id)))
             if fresh:
                 self._next_id = next_id
                 for entry in fresh:
                     self._buffer.push(entry)
                     if entry[0] > self._max_ts:
                         self._max_ts = entry[0]
-                self._release(self._max_ts - self.config.reorder_window_s, batch)
+                upto = self._max_ts - self.config.reorder_window_s
+                if len(self._buffer) > self.config.limits.max_reorder_events:
+                    self.bound_hits["reorder_buffer"] += 1
+                    upto = self._max_ts  # apply what is held now rather than hold more
+                self._release(upto, batch)
+                self._forget_finished_progress()
         return result
+
+    def _over_bound(self, event: Any) -> tuple[str, str, str] | None:
+        """(bound, field, message) when admitting `event` would pass a bound."""
+        limits = self.config.limits
+        fleet = event.fleet
+        workers = self._admitted_workers.get(fleet)
+        if workers is None:
+            if len(self._admitted_workers) >= limits.max_fleets:
+                return ("fleets", "fleet", f"fleet {fleet!r} would pass max_fleets "
+                        f"({limits.max_fleets}); the service holds that many fleets")  # fmt: skip
+            workers = self._admitted_workers[fleet] = set()
+        kind = event.type
+        if kind == "worker" and event.worker not in workers:
+            if len(workers) >= limits.max_workers_per_fleet:
+                cap = limits.max_workers_per_fleet
+                message = f"fleet {fleet!r} already has max_workers_per_fleet ({cap}) workers"
+                return ("workers_per_fleet", "worker", message)
+            workers.add(event.worker)
+        elif kind == "ready":
+            state = self.fleets.get(fleet)
+            if state is not None:
+                mirror = state.mirror
+                held = len(mirror.pool) + sum(len(w.active) for w in mirror.order)
+                if held >= limits.max_active_per_fleet:
+                    return ("active_per_fleet", "request_id", f"fleet {fleet!r} holds "
+                            f"max_active_per_fleet ({limits.max_active_per_fleet}) ready or "
+                            "running requests")  # fmt: skip
+        return None
+
+    def _forget_finished_progress(self) -> None:
+        """Progress dedupe memory of requests finished `finished_ttl_s` ago goes."""
+        horizon = self._max_ts - self.config.limits.finished_ttl_s
+        finished = self._finished_progress
+        while finished and finished[0][0] < horizon:
+            self._progress_seen.pop(finished.popleft()[1], None)
 
     def _is_new(self, event: Any) -> bool:
         if event.seq is not None and not self._seq_memory(event.fleet, event.source).add(event.seq):

@@ -8,13 +8,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from shadow.audit import DEFAULT_SHADOW_POLICIES, AuditConfig
 from shadow.invariants import InvariantConfig
 from shadow.modes import ModeConfig
 from shadow.policies import POLICY_NAMES, BalanceRouteConfig
-from shadow.service.pipeline import PipelineConfig
+from shadow.service.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
+from shadow.service.pipeline import Limits, PipelineConfig
 from shadow.windows import WindowConfig
 from shadow.workload import StepModel
 
@@ -28,6 +29,23 @@ class EngineTarget(BaseModel):
     url: str
 
 
+class TokenSpec(BaseModel):
+    """One bearer token: a name (for logs and errors, never the secret) and its roles."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    token: SecretStr
+    roles: list[Role] = Field(min_length=1)
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, token: SecretStr) -> SecretStr:
+        if len(token.get_secret_value()) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"a token must be at least {MIN_TOKEN_LENGTH} characters")
+        return token
+
+
 class ServiceSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -35,6 +53,12 @@ class ServiceSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8321, ge=0, le=65535)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_batch_events: int = Field(100_000, ge=1)
+    max_reorder_events: int = Field(1_000_000, ge=1000)
+    max_fleets: int = Field(64, ge=1)
+    max_workers_per_fleet: int = Field(1024, ge=1)
+    max_active_per_fleet: int = Field(200_000, ge=1)
+    finished_ttl_s: float = Field(300.0, gt=0)
     reorder_window_s: float = Field(2.0, ge=0)
     idle_flush_s: float = Field(0.5, gt=0)
     audit: bool = True
@@ -73,8 +97,19 @@ class ServiceSettings(BaseModel):
     demo_batch: int = Field(16, ge=1)
     demo_time_scale: float = Field(0.3, gt=0)
     demo_load: float = Field(0.9, gt=0)
+    tokens: list[TokenSpec] = Field(default_factory=list)
+    tokens_file: Path | None = None
+
+    def token_table(self) -> TokenTable:
+        return TokenTable((t.name, t.token.get_secret_value(), t.roles) for t in self.tokens)
 
     def check(self) -> None:
+        if not self.tokens and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to listen on {self.host} without tokens: add tokens to the config "
+                "file or tokens_file, or set SHADOW_TOKENS_INGEST and SHADOW_TOKENS_OPERATOR "
+                "(see docs/RELIABILITY.md); or listen on 127.0.0.1"
+            )
         unknown = [
             p for p in [*self.audit_policies, *self.window_policies, self.incumbent]
             if p not in POLICY_NAMES
@@ -100,6 +135,13 @@ class ServiceSettings(BaseModel):
             horizon=self.br_horizon, alpha=self.br_alpha, beta=self.br_beta, gamma=self.br_gamma
         )
         return PipelineConfig(
+            limits=Limits(
+                max_reorder_events=self.max_reorder_events,
+                max_fleets=self.max_fleets,
+                max_workers_per_fleet=self.max_workers_per_fleet,
+                max_active_per_fleet=self.max_active_per_fleet,
+                finished_ttl_s=self.finished_ttl_s,
+            ),
             reorder_window_s=self.reorder_window_s,
             audit_enabled=self.audit,
             windows_enabled=self.windows,
@@ -118,6 +160,28 @@ class ServiceSettings(BaseModel):
         )
 
 
+def _env_tokens() -> list[dict[str, Any]]:
+    out = []
+    for role in ROLES:
+        raw = os.environ.get(f"SHADOW_TOKENS_{role.upper()}", "")
+        for i, token in enumerate(t.strip() for t in raw.split(",")):
+            if token:
+                out.append({"name": f"env-{role}-{i + 1}", "token": token, "roles": [role]})
+    return out
+
+
+def _file_tokens(path: Any) -> list[dict[str, Any]]:
+    """`[[tokens]]` from a separate file (kept apart so secrets can be root-only)."""
+    if path is None:
+        return []
+    try:
+        return list(tomllib.loads(Path(path).read_text()).get("tokens", []))
+    except FileNotFoundError:
+        raise ValueError(f"tokens_file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"tokens_file {path}: {error}") from None
+
+
 def load_settings(path: Path | None = None, **overrides: Any) -> ServiceSettings:
     """Defaults < TOML file < environment < explicit overrides (CLI options)."""
     values: dict[str, Any] = {}
@@ -130,9 +194,11 @@ def load_settings(path: Path | None = None, **overrides: Any) -> ServiceSettings
             raise ValueError(f"config file {path}: {error}") from None
     for name in ServiceSettings.model_fields:
         env = os.environ.get(f"SHADOW_{name.upper()}")
-        if env is not None and name != "engines":
+        if env is not None and name not in ("engines", "tokens"):
             values[name] = env.split(",") if name.endswith("_policies") else env
     values.update({k: v for k, v in overrides.items() if v is not None})
+    values["tokens"] = [*values.get("tokens", []), *_file_tokens(values.get("tokens_file")),
+                        *_env_tokens()]  # fmt: skip
     try:
         settings = ServiceSettings(**values)
     except ValidationError as error:
