@@ -40,7 +40,7 @@ from shadow.modes import (
 from shadow.policies.fscore import gap, imbalance
 from shadow.service import auth, explore
 from shadow.service.demo import DemoPlan, DemoProcess
-from shadow.service.explore import SortKey
+from shadow.service.explore import SortKey, invalid
 from shadow.service.metrics import ServiceCollector, route_latency
 from shadow.service.pipeline import FleetState
 from shadow.service.routing import LiveRouter, RouteRequest
@@ -591,7 +591,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         kwargs: dict[str, Any] = {}
         if body.action == "set":
             if body.mode is None:
-                raise HTTPException(422, "action 'set' needs a mode")
+                raise invalid(["body", "mode"], "action 'set' needs a mode")
             args = [body.mode, body.reason, body.policy]
             kwargs["last_gate_verdict"] = last_verdict(
                 runtime().store.engine, fleet, body.policy or modes.get(fleet).policy
@@ -606,7 +606,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         except ModeError as error:
             raise HTTPException(409, str(error)) from None
         except ValueError as error:
-            raise HTTPException(422, str(error)) from None
+            raise invalid(["body"], str(error)) from None
         return _mode_json(modes.get(fleet))
 
     @app.get("/v1/audit/verify")

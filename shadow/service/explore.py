@@ -43,6 +43,11 @@ def rows_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: clean(v) for k, v in row.items()} for row in rows]
 
 
+def invalid(loc: list[str | int], message: str) -> HTTPException:
+    """A 422 shaped like FastAPI's own validation errors (the documented schema)."""
+    return HTTPException(422, [{"loc": loc, "msg": message, "type": "value_error"}])
+
+
 def _floats(values: np.ndarray, digits: int = 2) -> list[float | None]:
     return [None if not math.isfinite(v) else round(float(v), digits) for v in values]
 
@@ -177,7 +182,7 @@ def register(
             wanted = [p.strip() for p in policies.split(",") if p.strip()]
             unknown = [p for p in wanted if p not in POLICY_NAMES and p != OBSERVED]
             if unknown:
-                raise HTTPException(422, f"policies: unknown policy {unknown[0]!r}")
+                raise invalid(["query", "policies"], f"unknown policy {unknown[0]!r}")
         else:
             wanted = [OBSERVED, incumbent, "br0", "brh-survival"]
         wanted = [p for p in dict.fromkeys(wanted) if p in available]
@@ -339,7 +344,7 @@ def register(
 
         for name, value in (("candidate", body.candidate), ("baseline", body.baseline)):
             if value not in POLICY_NAMES:
-                raise HTTPException(422, f"{name}: unknown policy {value!r}")
+                raise invalid(["body", name], f"{name}: unknown policy {value!r}")
         store = runtime().store
         evidence = collect_evidence(
             store, fleet=fleet, candidate=body.candidate, baseline=body.baseline,
