@@ -372,6 +372,221 @@ def replay(
         console.print(f"stored as run {run_id} in {db}")
 
 
+@app.command()
+def sweep(
+    trace: Annotated[
+        str, typer.Argument(help="Trace file, or synthetic:PRESET (paper-azure2024, ...).")
+    ],
+    grid: Annotated[
+        Path | None,
+        typer.Option(help="Grid TOML: [grid] name = [values], optional [fixed] name = value."),
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="name=v1,v2,... (repeatable; wins over --grid). Names: policy, horizon (H), "
+            "alpha, beta, gamma, s_greedy, r_max, workers (G), batch (B), load, step_a, "
+            "step_b, seed (seeds), limit, output_min."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Sweep name (default: from the grid and trace, so a rerun resumes)."),
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Processes (Ray: CPUs of the local runtime); default all "
+            "cores; 1 runs the cells in this process.",
+        ),
+    ] = None,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="Run the cells as Ray tasks on a local Ray runtime.")
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Run on this Ray cluster (auto, ray://head:10001, ...); implies --ray."),
+    ] = None,
+    trace_format: Annotated[
+        str, typer.Option("--format", help="auto, azure, mooncake, jsonl or csv.")
+    ] = "auto",
+    limit: Annotated[int | None, typer.Option(min=1, help="Keep the first N requests.")] = None,
+    output_min: Annotated[
+        int | None, typer.Option(min=1, help="Keep requests with at least N output tokens.")
+    ] = None,
+    skip_bad: Annotated[
+        bool, typer.Option(help="Skip malformed trace rows (and count them).")
+    ] = False,
+    db: Annotated[Path, typer.Option(help="DuckDB file to store the cells in.")] = DEFAULT_DB,
+    steps: Annotated[
+        bool, typer.Option(help="Also store per-step rows (replay_steps, replay_worker_loads).")
+    ] = False,
+    parquet: Annotated[
+        Path | None, typer.Option(help="Write every cell of the sweep to this Parquet file.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="Print the cells and how many are stored, run nothing.")
+    ] = False,
+) -> None:
+    """Replay every cell of a parameter grid x seeds; resumable, on a pool or Ray."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from ingest.traces import TraceError
+    from shadow.storage import open_database
+    from shadow.sweep import (
+        GridError,
+        PoolExecutor,
+        RayExecutor,
+        RayUnavailable,
+        SerialExecutor,
+        build_spec,
+        load_grid,
+        plan_sweep,
+        run_sweep,
+    )
+    from shadow.sweep.grid import varied
+    from shadow.sweep.run import prepare
+    from shadow.sweep.store import EngineQuery, SweepConflict, sweep_rows, write_parquet
+
+    overrides = list(param or [])
+    if limit is not None:
+        overrides.append(f"limit={limit}")
+    if output_min is not None:
+        overrides.append(f"output_min={output_min}")
+    try:
+        spec = load_grid(grid, overrides) if grid is not None else build_spec(overrides=overrides)
+        plan = plan_sweep(
+            trace,
+            spec,
+            name=name,
+            name_hint=grid.stem if grid is not None else "sweep",
+            trace_format=trace_format,
+            skip_bad=skip_bad,
+        )
+    except GridError as error:
+        raise fail(str(error), code=2) from None
+    except TraceError as error:
+        raise fail(str(error)) from None
+    except ValueError as error:
+        raise fail(str(error), code=2) from None
+    if ray_address is not None:
+        ray = True
+    params = [p.params for p in plan.cells]
+    shown = ", ".join(f"{k} x{len(v)}" for k, v in spec.axes.items()) or "one cell"
+    console.print(
+        f"[bold]{trace}[/bold]: sweep [bold]{plan.name}[/bold], {len(plan.cells)} cells "
+        f"({shown}; {spec.size()} in the product), varying {', '.join(varied(params)) or '-'}"
+    )
+    if spec.fixed or spec.trace:
+        fixed = ", ".join(f"{k} = {v}" for k, v in {**spec.fixed, **spec.trace}.items())
+        console.print(f"fixed: {fixed}")
+
+    with open_database(db) as database:
+        try:
+            todo, stored = prepare(plan, database)
+        except SweepConflict as error:
+            raise fail(str(error), code=2) from None
+        if dry_run:
+            console.print(f"{stored} cells stored, {len(todo)} to run (dry run: nothing ran)")
+            return
+        if ray:
+            executor = RayExecutor(ray_address, jobs)
+        elif jobs == 1:
+            executor = SerialExecutor()
+        else:
+            executor = PoolExecutor(jobs)
+        failed = 0
+        if not todo:
+            console.print(f"all {stored} cells stored already; nothing to run")
+        else:
+            columns = (
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                "ETA",
+                TimeRemainingColumn(),
+            )
+            try:
+                with executor:
+                    where = {
+                        "ray": f"Ray ({executor.workers} CPUs)",
+                        "serial": "this process",
+                    }.get(executor.name, f"a process pool ({executor.workers} processes)")
+                    console.print(f"{stored} cells stored already; running {len(todo)} on {where}")
+                    with Progress(*columns, console=console) as bar:
+                        task = bar.add_task("cells", total=len(todo))
+
+                        def finished(outcome, done: int) -> None:
+                            bar.update(task, completed=done)
+                            if outcome.error is not None:
+                                bar.console.print(
+                                    f"[red]cell {outcome.task.key} failed:[/red] {outcome.error}"
+                                )
+
+                        report = run_sweep(
+                            plan, database, executor, steps=steps, todo=todo, on_cell=finished
+                        )
+            except RayUnavailable as error:
+                raise fail(str(error)) from None
+            except KeyboardInterrupt:
+                err_console.print("interrupted: finished cells are stored; rerun to resume")
+                raise typer.Exit(130) from None
+            failed = len(report.failed)
+            console.print(
+                f"ran {report.ran} cells in {report.seconds:.1f} s "
+                f"({report.cells_per_minute:.1f} cells/min)"
+            )
+        rows = sweep_rows(EngineQuery(database.engine), plan.name)
+    _print_sweep_summary(rows)
+    if parquet is not None:
+        count = write_parquet(plan.name, rows, parquet)
+        console.print(f"wrote {count} cells to {parquet}")
+    console.print(f"stored in {db} as sweep {plan.name}")
+    if failed:
+        raise fail(f"{failed} cells failed; rerun to retry them")
+
+
+def _print_sweep_summary(rows: list[dict]) -> None:
+    from shadow.sweep.results import (
+        PARAM_HEADINGS,
+        POLICY_HEADINGS,
+        param_table_rows,
+        policy_table_rows,
+        summarize_sweep,
+    )
+
+    summaries = summarize_sweep(rows)
+    overview = Table(title=f"Sweep: {len(rows)} cells, metrics averaged over seeds")
+    for heading in POLICY_HEADINGS:
+        overview.add_column(
+            heading, justify="left" if heading in ("policy", "best at") else "right"
+        )
+    for row in policy_table_rows(summaries):
+        overview.add_row(*row)
+    console.print(overview)
+    for summary in summaries:
+        for entry in summary["params"]:
+            table = Table(title=f"{summary['policy']} by {entry['param']}")
+            table.add_column(entry["param"], justify="right")
+            for heading in PARAM_HEADINGS:
+                table.add_column(heading, justify="left" if heading == "best at" else "right")
+            for row in param_table_rows(entry):
+                table.add_row(*row)
+            console.print(table)
+    for summary in summaries:
+        console.print(summary["sentence"])
+        for entry in summary["params"]:
+            console.print(f"  {entry['sentence']}")
+
+
 def _settings(config: Path | None, **overrides: object):
     from shadow.service.settings import load_settings
 
@@ -677,6 +892,38 @@ def bench_ingest(
         console.print(f"wrote {json_out}")
 
 
+@bench_app.command("load")
+def bench_load(
+    rate: Annotated[float, typer.Option(min=1, help="Target events per second.")] = 40_000.0,
+    duration: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load.")] = 300.0,
+    batch: Annotated[int, typer.Option(min=1, help="Events per POST.")] = 2000,
+    senders: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 2,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Sustained HTTP ingest at a fixed rate, audit on; checks every acknowledged event
+    is stored exactly once and reports latency and resident memory."""
+    from shadow.bench import load as bench
+
+    report = bench.run(rate=rate, duration_s=duration, batch=batch, senders=senders,
+                       note=lambda m: console.print(m))  # fmt: skip
+    latency, rss = report["latency_ms"], report["rss_mib"]
+    console.print(
+        f"{report['events_acknowledged']:,} events acknowledged in {report['duration_s']:.0f} s "
+        f"= {report['events_per_s']:,.0f} events/s (target {rate:,.0f}); "
+        f"{report['failed_batches']} of {report['batches']} batches failed"
+    )
+    console.print(f"ingest latency per batch of {batch}: P50 {latency['p50']:.0f} ms, "
+                  f"P99 {latency['p99']:.0f} ms, max {latency['max']:.0f} ms")  # fmt: skip
+    console.print(f"stored: {report['stored']}; lost: {report['lost'] or 'none'}; "
+                  f"duplicates: {report['duplicates']}")  # fmt: skip
+    console.print(f"resident memory (server + audit worker): {rss['after_warmup']:,.0f} MiB "
+                  f"after warm-up, {rss['end']:,.0f} MiB at the end, max "
+                  f"{rss['max_after_warmup']:,.0f} MiB")  # fmt: skip
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
 @bench_app.command("ui")
 def bench_ui(
     hours: Annotated[float, typer.Option(min=0.1, help="Hours of fleet data to build.")] = 24.0,
@@ -777,6 +1024,60 @@ def bench_replay(
             json.dumps(bench.as_json(results) | {"total_s": total}, indent=2) + "\n"
         )
         console.print(f"wrote {json_out}")
+
+
+@bench_app.command("sweep")
+def bench_sweep(
+    trace: Annotated[str, typer.Argument(help="Trace file or synthetic:PRESET.")] = (
+        "synthetic:paper-azure2024"
+    ),
+    limit: Annotated[int, typer.Option(min=1, help="Requests per cell.")] = 3000,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per configuration (9 each).")] = 5,
+    ray: Annotated[bool, typer.Option(help="Also time a local Ray runtime.")] = True,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Sweep cells per minute on a process pool (1, 2 workers) and Ray, and Ray's overhead."""
+    from shadow.bench import sweep as bench
+    from shadow.sweep import GridError, RayUnavailable
+
+    executors = [("pool", 1), ("pool", 2)] + ([("ray", 2)] if ray else [])
+    try:
+        report = bench.run(
+            trace,
+            bench.default_spec(limit=limit, seeds=seeds),
+            executors,
+            note=lambda m: console.print(m),
+        )
+    except (GridError, ValueError) as error:
+        raise fail(str(error), code=2) from None
+    except RayUnavailable as error:
+        raise fail(f"{error} (or pass --no-ray)") from None
+    table = Table(
+        title=f"Sweep throughput: {report['cells']} BR-H cells of {report['requests']:,} "
+        f"requests ({trace}, G = 8, load 1.0)"
+    )
+    for column in ("executor", "workers", "cells", "start-up s", "wall s", "cells/min"):
+        table.add_column(column, justify="left" if column == "executor" else "right")
+    for r in report["results"]:
+        table.add_row(
+            r["executor"], str(r["workers"]), str(r["cells"]), f"{r['startup_s']:.1f}",
+            f"{r['wall_s']:.1f}", f"{r['cells_per_min']:.1f}",
+        )  # fmt: skip
+    console.print(table)
+    console.print("wall time includes starting the processes (and ray.init)")
+    overhead = report["ray_overhead"]
+    if overhead:
+        console.print(
+            f"Ray vs the pool ({overhead['workers']} workers): {overhead['wall']:+.1%} wall time, "
+            f"{overhead['wall_without_init']:+.1%} without ray.init ({overhead['init_s']:.1f} s)"
+        )
+    same = "[green]yes" if report["identical"] else "[red]NO"
+    console.print(f"every executor gave the same results cell for cell: {same}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+    if not report["identical"]:
+        raise typer.Exit(1)
 
 
 dashboards_app = typer.Typer(
