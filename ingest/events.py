@@ -40,6 +40,8 @@ SCHEMA_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 NAME_RULE = "1..128 characters of letters, digits, '.', '_', '-'"
 ID_MAX = 256
+#: an event line longer than this is rejected unread (its rest skipped)
+MAX_LINE_BYTES = 1 << 20
 
 
 class _IdSchema:
@@ -391,13 +393,17 @@ def iter_file(
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     path = Path(path)
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        raise ValueError(f"{path} {what}")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
         line_no = 1
         position = 0
         first = True
+        bounded = iter(lambda: _bounded_line(handle), b"")
         while True:
-            lines = list(islice(handle, batch_size))
+            lines = list(islice(bounded, batch_size))
             if not lines:
                 return
             if first and lines[0].startswith(b"\xef\xbb\xbf"):
@@ -406,6 +412,17 @@ def iter_file(
             events, errors, position = _parse_lines(lines, line_no, position)
             line_no += len(lines)
             yield events, errors
+
+
+def _bounded_line(handle: Any) -> bytes:
+    """The next line, or, for one longer than MAX_LINE_BYTES, a stand-in that fails
+    validation (the rest of it is skipped): a file with no newlines cannot fill memory."""
+    line = handle.readline(MAX_LINE_BYTES + 1)
+    if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+        return line
+    while line and not line.endswith(b"\n"):
+        line = handle.readline(MAX_LINE_BYTES)
+    return b'{"line": "longer than %d bytes"}\n' % MAX_LINE_BYTES
 
 
 def event_to_json(event: BaseModel) -> dict[str, Any]:

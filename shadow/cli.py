@@ -659,6 +659,8 @@ def ingest(
 
     if not events.exists():
         raise fail(f"{events}: no such file", code=2)
+    if not events.is_file():
+        raise fail(f"{events}: not a regular file (a directory or device?)", code=2)
     settings = _settings(config, db=db, windows=windows)
     try:
         runtime = Runtime(settings)
