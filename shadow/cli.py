@@ -379,7 +379,7 @@ def sweep(
     ],
     grid: Annotated[
         Path | None,
-        typer.Option(help="Grid TOML: [grid] name = [values], optional [fixed] name = value."),
+        typer.Option(help=r"Grid TOML: \[grid] name = \[v1, v2, ...], optional \[fixed] name = v."),
     ] = None,
     param: Annotated[
         list[str] | None,
@@ -406,7 +406,10 @@ def sweep(
     ] = False,
     ray_address: Annotated[
         str | None,
-        typer.Option(help="Run on this Ray cluster (auto, ray://head:10001, ...); implies --ray."),
+        typer.Option(
+            help="Run on this Ray cluster (auto, ray://head:10001, ...; its nodes need this "
+            "package installed); implies --ray."
+        ),
     ] = None,
     trace_format: Annotated[
         str, typer.Option("--format", help="auto, azure, mooncake, jsonl or csv.")
@@ -430,6 +433,7 @@ def sweep(
     ] = False,
 ) -> None:
     """Replay every cell of a parameter grid x seeds; resumable, on a pool or Ray."""
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -471,11 +475,11 @@ def sweep(
             skip_bad=skip_bad,
         )
     except GridError as error:
-        raise fail(str(error), code=2) from None
+        raise fail(escape(str(error)), code=2) from None
     except TraceError as error:
-        raise fail(str(error)) from None
+        raise fail(escape(str(error))) from None
     except ValueError as error:
-        raise fail(str(error), code=2) from None
+        raise fail(escape(str(error)), code=2) from None
     if ray_address is not None:
         ray = True
     params = [p.params for p in plan.cells]
@@ -492,7 +496,7 @@ def sweep(
         try:
             todo, stored = prepare(plan, database)
         except SweepConflict as error:
-            raise fail(str(error), code=2) from None
+            raise fail(escape(str(error)), code=2) from None
         if dry_run:
             console.print(f"{stored} cells stored, {len(todo)} to run (dry run: nothing ran)")
             return
@@ -527,15 +531,16 @@ def sweep(
                         def finished(outcome, done: int) -> None:
                             bar.update(task, completed=done)
                             if outcome.error is not None:
+                                problem = escape(outcome.error)
                                 bar.console.print(
-                                    f"[red]cell {outcome.task.key} failed:[/red] {outcome.error}"
+                                    f"[red]cell {outcome.task.key} failed:[/red] {problem}"
                                 )
 
                         report = run_sweep(
                             plan, database, executor, steps=steps, todo=todo, on_cell=finished
                         )
             except RayUnavailable as error:
-                raise fail(str(error)) from None
+                raise fail(escape(str(error))) from None
             except KeyboardInterrupt:
                 err_console.print("interrupted: finished cells are stored; rerun to resume")
                 raise typer.Exit(130) from None
@@ -1058,15 +1063,20 @@ def bench_sweep(
         title=f"Sweep throughput: {report['cells']} BR-H cells of {report['requests']:,} "
         f"requests ({trace}, G = 8, load 1.0)"
     )
-    for column in ("executor", "workers", "cells", "start-up s", "wall s", "cells/min"):
+    columns = ("executor", "workers", "cells", "start-up s", "wall s", "cells/min", "CPU share")
+    for column in columns:
         table.add_column(column, justify="left" if column == "executor" else "right")
     for r in report["results"]:
+        share = "-" if r["cpu_share"] is None else f"{r['cpu_share']:.0%}"
         table.add_row(
             r["executor"], str(r["workers"]), str(r["cells"]), f"{r['startup_s']:.1f}",
-            f"{r['wall_s']:.1f}", f"{r['cells_per_min']:.1f}",
+            f"{r['wall_s']:.1f}", f"{r['cells_per_min']:.1f}", share,
         )  # fmt: skip
     console.print(table)
-    console.print("wall time includes starting the processes (and ray.init)")
+    console.print(
+        "wall time includes starting the processes (and ray.init); CPU share: the pool's "
+        "CPU time / (wall x workers), below 100% when its workers waited for a core"
+    )
     overhead = report["ray_overhead"]
     if overhead:
         console.print(

@@ -38,7 +38,7 @@ from shadow.modes import (
     set_mode,
 )
 from shadow.policies.fscore import gap, imbalance
-from shadow.service import auth, explore
+from shadow.service import auth, explore, sweeps
 from shadow.service.demo import DemoPlan, DemoProcess
 from shadow.service.explore import SortKey, invalid
 from shadow.service.metrics import ServiceCollector, route_latency
@@ -635,5 +635,6 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         }
 
     explore.register(app, runtime, lambda fleet: fleet_state(fleet).incumbent)
+    sweeps.register(app, runtime)
     mount_ui(app)
     return app

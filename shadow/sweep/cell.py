@@ -1,0 +1,59 @@
+"""One sweep cell: one policy's replay of one trace under one set of parameters.
+
+Plain data in (a workload and a parameter mapping), plain data out (the metrics, and the
+per-step series when asked), so the same function runs in this process, in a process pool
+or as a Ray task and gives the same numbers; only `sched_ms_*` (wall time) differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from analysis.metrics import per_step, summarize
+from ingest.traces import retime
+from shadow.policies import BalanceRouteConfig, make_policy
+from shadow.replay import replay
+from shadow.workload import StepModel, Workload
+
+#: Metrics that measure wall time, not the simulated fleet: they differ between runs.
+TIMING_METRICS = ("sched_ms_p50", "sched_ms_p99")
+_CONFIG_FIELDS = ("horizon", "alpha", "beta", "gamma", "s_greedy", "r_max")
+
+
+def balance_config(params: Mapping[str, Any]) -> BalanceRouteConfig | None:
+    """The BR configuration of a cell (None for baselines); unset fields keep defaults."""
+    policy = str(params["policy"])
+    if policy != "br0" and not policy.startswith("brh"):
+        return None
+    given = {name: params[name] for name in _CONFIG_FIELDS if params.get(name) is not None}
+    return BalanceRouteConfig(**given)
+
+
+def run_cell(workload: Workload, params: Mapping[str, Any], steps: bool = False) -> dict[str, Any]:
+    """Replay `workload` as the cell `params` says; `{"requests", "metrics"}` and, with
+    `steps`, `{"steps", "worker_load", "worker_active"}` for the replay tables."""
+    model = StepModel(float(params["step_a"]), float(params["step_b"]))
+    workers, batch = int(params["workers"]), int(params["batch"])
+    if params.get("load") is not None:
+        workload = retime(
+            workload, load=float(params["load"]), workers=workers, batch=batch, step_model=model
+        )
+    policy = make_policy(
+        str(params["policy"]), seed=int(params["seed"]), config=balance_config(params)
+    )
+    result = replay(workload, policy, workers=workers, batch=batch, step_model=model)
+    out: dict[str, Any] = {"requests": len(workload), "metrics": summarize(result)}
+    if steps:
+        series = per_step(result)
+        out["steps"] = {
+            "start_ms": result.step_start_ms,
+            "duration_ms": result.step_duration_ms,
+            "max_load": series["max"],
+            "min_load": series["min"],
+            "sum_load": series["sum"],
+            "active": result.worker_active.sum(axis=1),
+        }
+        out["worker_load"] = result.worker_load
+        out["worker_active"] = result.worker_active
+    return out
