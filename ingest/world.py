@@ -33,6 +33,10 @@ class WorldOptions:
     progress_interval_s: float = 0.1
     fleet: str = "default"
     step_model: StepModel = field(default_factory=StepModel)
+    #: a tag unique to this start (e.g. the boot time): source names carry it and engine
+    #: steps are numbered from it, so a restarted world is not mistaken for a replay of the
+    #: last one (the service de-duplicates by source seq and by worker step)
+    incarnation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,16 @@ class World:
         self.options = options or WorldOptions()
         self.service_url = service_url
         o = self.options
-        self.engine_sink = HttpEventSink(service_url, source="engines", fleet=o.fleet)
-        self.tap_sink = HttpEventSink(service_url, source="tap", fleet=o.fleet)
-        self.router_sink = HttpEventSink(service_url, source="router", fleet=o.fleet)
+        tag = "" if o.incarnation is None else f"-{o.incarnation}"
+        self.engine_sink = HttpEventSink(service_url, source=f"engines{tag}", fleet=o.fleet)
+        self.tap_sink = HttpEventSink(service_url, source=f"tap{tag}", fleet=o.fleet)
+        self.router_sink = HttpEventSink(service_url, source=f"router{tag}", fleet=o.fleet)
         self.fleet = EmulatedFleet(
             o.workers, o.batch, step_model=o.step_model, time_scale=o.time_scale,
             sink=self.engine_sink,
         )  # fmt: skip
+        if o.incarnation is not None:
+            self.fleet.steps = o.incarnation * 1000  # above every step of an earlier start
         self._servers: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.tap: Tap | None = None

@@ -82,7 +82,8 @@ def build_day(
     note(f"ingested with audit, invariants and windows in {time.perf_counter() - started:.0f} s")
     period = recording.fleet_seconds
     copies = max(1, math.ceil(hours * 3600.0 / period))
-    con = duckdb.connect(str(db), config={"enable_progress_bar": False})
+    con = duckdb.connect(str(db))
+    con.execute("SET enable_progress_bar = false")
     try:
         shift = con.execute(
             "SELECT max(window_index) + 1, (SELECT max(ingest_id) + 1 FROM decisions) FROM windows"

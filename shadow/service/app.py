@@ -39,7 +39,7 @@ from shadow.modes import (
 )
 from shadow.policies.fscore import gap, imbalance
 from shadow.service import auth, explore, sweeps
-from shadow.service.demo import DemoPlan, DemoProcess
+from shadow.service.demo import DemoPlan, DemoProcess, abandon_previous_world
 from shadow.service.explore import SortKey, invalid
 from shadow.service.metrics import ServiceCollector, route_latency
 from shadow.service.pipeline import FleetState
@@ -175,6 +175,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         try:
             targets = [Target(e.worker, e.url) for e in settings.engines]
             if settings.demo:
+                await run_in_threadpool(abandon_previous_world, runtime.pipeline, settings.fleet)
                 demo = DemoProcess(
                     DemoPlan(
                         _service_url(settings), settings.demo_workers, settings.demo_batch,
@@ -491,11 +492,20 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         fleet: str,
         kind: str | None = None,
         severity: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
         limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any]:
+        """Invariant violations, newest first, by kind, severity and time."""
         where = ["fleet = :fleet"]
         params: dict[str, Any] = {"fleet": fleet, "limit": limit, "offset": offset}
+        if since is not None:
+            where.append("ts >= :since")
+            params["since"] = since
+        if until is not None:
+            where.append("ts < :until")
+            params["until"] = until
         if kind is not None:
             where.append("kind = :kind")
             params["kind"] = kind

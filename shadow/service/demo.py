@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import signal
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from shadow.workload import StepModel, Workload
 
 if TYPE_CHECKING:
     from ingest.world import WorldAddresses
+    from shadow.service.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,11 @@ async def _world(conn: Connection, plan: DemoPlan) -> None:
     from ingest.loadgen import run_load
     from ingest.world import World, WorldOptions
 
+    boot = int(time.time())  # restarting the demo on the same database continues it
     world = World(
         plan.service_url,
         WorldOptions(workers=plan.workers, batch=plan.batch, time_scale=plan.time_scale,
-                     fleet=plan.fleet),
+                     fleet=plan.fleet, incarnation=boot),
     )  # fmt: skip
     addresses = await world.start()
     conn.send(addresses)
@@ -69,7 +72,7 @@ async def _world(conn: Connection, plan: DemoPlan) -> None:
         while True:
             await run_load(
                 addresses.router, workload, time_scale=plan.time_scale,
-                request_id_prefix=f"demo{rounds}",
+                request_id_prefix=f"demo{boot}-{rounds}",
             )  # fmt: skip
             rounds += 1
 
@@ -92,6 +95,39 @@ async def _world(conn: Connection, plan: DemoPlan) -> None:
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
         await world.stop()
+
+
+def abandon_previous_world(pipeline: Pipeline, fleet: str) -> int:
+    """A demo started on a database of an earlier demo: that world is gone, and so are
+    its requests. Finish them (`abort`) so the new world starts on free slots, the way a
+    restarted engine does; returns how many were let go."""
+    state = pipeline.fleets.get(fleet)
+    if state is None:
+        return 0
+    from ingest.events import FinishEvent
+
+    mirror = state.mirror
+    with pipeline.lock:
+        held = [r for w in mirror.order for r in w.active.values()] + list(mirror.pool.values())
+        ts = max(mirror.now, time.time())
+        events = [
+            (
+                i,
+                FinishEvent(
+                    ts=ts,
+                    fleet=fleet,
+                    source="demo-restart",
+                    request_id=r.request_id,
+                    output_tokens=max(0, r.generated()),
+                    reason="abort",
+                ),
+            )
+            for i, r in enumerate(held)
+        ]
+    if events:
+        pipeline.submit(events)
+        pipeline.drain()
+    return len(events)
 
 
 class DemoProcess:
