@@ -44,7 +44,8 @@ API = {
         "/v1/fleets/default/decisions?limit=50&snapshot=false&min_regret=500&sort=regret"
     ),
     "violations timeline": "/v1/fleets/default/violations/timeline",
-    "windows (fidelity)": "/v1/fleets/default/windows?limit=1000",
+    "windows (compare's list)": "/v1/fleets/default/windows?limit=5000&metrics=imbalance_mean",
+    "windows (fidelity)": "/v1/fleets/default/windows?limit=5000&policies=false",
     "gate runs": "/v1/fleets/default/gate/runs",
     "replays": "/v1/replays",
 }

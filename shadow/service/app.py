@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import request_validation_exception_handler
@@ -47,6 +48,7 @@ from shadow.service.routing import LiveRouter, RouteRequest
 from shadow.service.runtime import Runtime
 from shadow.service.settings import ServiceSettings
 from shadow.ui import mount_ui
+from shadow.windows import WINDOW_METRICS
 
 PAGE_MAX = 1000
 WINDOWS_PAGE_MAX = 5000  # a day of 30 s windows is 2,880
@@ -56,6 +58,12 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
     return value
+
+
+def _json_floats(column: Any) -> list[float | None]:
+    """A fetched numeric column as JSON values: NULL and non-finite as None."""
+    array = np.ma.filled(np.ma.masked_invalid(np.ma.asarray(column, dtype=np.float64)), np.nan)
+    return [None if math.isnan(v) else v for v in array.tolist()]
 
 
 def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -518,35 +526,46 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     def windows(
         fleet: str,
         policies: bool = True,
+        metrics: str | None = None,
         limit: Annotated[int, Query(ge=1, le=WINDOWS_PAGE_MAX)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any]:
         """Evaluated windows with per-policy (and observed) metrics, oldest first
-        (`policies=false`: the window rows alone, e.g. fidelity over a day)."""
+        (`policies=false`: the window rows alone; `metrics=imbalance_mean,...`: only those
+        metrics per policy, e.g. one chart over a day of windows)."""
+        wanted = list(WINDOW_METRICS)
+        if metrics:
+            wanted = [m.strip() for m in metrics.split(",") if m.strip()]
+            unknown = [m for m in wanted if m not in WINDOW_METRICS]
+            if unknown:
+                raise invalid(["query", "metrics"], f"unknown metric {unknown[0]!r}; "
+                              f"choose from {', '.join(WINDOW_METRICS)}")  # fmt: skip
         store = runtime().store
         params = {"fleet": fleet, "limit": limit, "offset": offset}
         total = store.query("SELECT count(*) AS n FROM windows WHERE fleet = :fleet", params)
-        rows = store.query(
-            "SELECT * FROM windows WHERE fleet = :fleet ORDER BY window_index "
-            "LIMIT :limit OFFSET :offset",
-            params,
+        rows = _rows(
+            store.query(
+                "SELECT * FROM windows WHERE fleet = :fleet ORDER BY window_index "
+                "LIMIT :limit OFFSET :offset",
+                params,
+            )
         )
         if rows and policies:
             indices = [r["window_index"] for r in rows]
-            metrics = store.query(
-                "SELECT * FROM window_metrics WHERE fleet = :fleet AND window_index "
-                "BETWEEN :low AND :high",
+            columns = store.columns(
+                f"SELECT window_index, policy, {', '.join(wanted)} FROM window_metrics "
+                "WHERE fleet = $fleet AND window_index BETWEEN $low AND $high",
                 {"fleet": fleet, "low": min(indices), "high": max(indices)},
             )
+            values = {m: _json_floats(columns[m]) for m in wanted}
             by_window: dict[int, dict[str, Any]] = {}
-            for m in _rows(metrics):
-                policy = m.pop("policy")
-                index = m.pop("window_index")
-                m.pop("fleet")
-                by_window.setdefault(index, {})[policy] = m
+            for i, (index, policy) in enumerate(
+                zip(columns["window_index"].tolist(), columns["policy"].tolist(), strict=True)
+            ):
+                by_window.setdefault(index, {})[policy] = {m: values[m][i] for m in wanted}
             for row in rows:
                 row["policies"] = by_window.get(row["window_index"], {})
-        return {"total": int(total[0]["n"]), "limit": limit, "offset": offset, "items": _rows(rows)}
+        return {"total": int(total[0]["n"]), "limit": limit, "offset": offset, "items": rows}
 
     @app.get("/v1/fleets/{fleet}/telemetry")
     def telemetry(fleet: str) -> dict[str, Any]:

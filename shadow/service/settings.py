@@ -53,7 +53,7 @@ class ServiceSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8321, ge=0, le=65535)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    max_batch_events: int = Field(100_000, ge=1)
+    max_batch_events: int = Field(500_000, ge=1)
     max_reorder_events: int = Field(1_000_000, ge=1000)
     max_fleets: int = Field(64, ge=1)
     max_workers_per_fleet: int = Field(1024, ge=1)

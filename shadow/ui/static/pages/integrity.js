@@ -219,7 +219,7 @@ export default {
         const [fleets, tl, windows, telemetry, log, verify] = await Promise.all([
           safe(api.get("/v1/fleets"), []),
           safe(api.get(api.fleetPath(ctx.fleet, "violations", "timeline"), { buckets: 60 }), { t: [], kinds: [], counts: {}, bucket_s: null }),
-          safe(api.getAll(api.fleetPath(ctx.fleet, "windows"), { policies: "false" }).then((r) => r.items), []),
+          safe(api.getAll(api.fleetPath(ctx.fleet, "windows"), { policies: "false" }, { pageSize: 5000 }).then((r) => r.items), []),
           safe(api.get(api.fleetPath(ctx.fleet, "telemetry")), { polling: false, engines: {} }),
           safe(api.get("/v1/audit/log", { fleet: ctx.fleet, limit: 500 }), []),
           safe(api.get("/v1/audit/verify"), null),
