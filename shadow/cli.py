@@ -622,8 +622,13 @@ def serve(
     import uvicorn
 
     from shadow.service.app import create_app
+    from shadow.service.runtime import DatabaseBusy, ensure_database_free
 
     settings = _settings(config, host=host, port=port, db=db)
+    try:
+        ensure_database_free(settings.db)
+    except DatabaseBusy as error:
+        raise fail(str(error)) from None
     if demo is None:
         demo = config is None and not settings.engines and not settings.demo
         demo = demo or settings.demo
@@ -633,7 +638,7 @@ def serve(
     settings = settings.model_copy(update=update)
     url = f"http://{settings.host}:{settings.port}"
     console.print(f"[bold]shadow service[/bold] on {url}   database {settings.db}")
-    console.print(f"  API and OpenAPI docs: {url}/docs    fleets: {url}/v1/fleets")
+    console.print(f"  web UI: [bold]{url}/[/bold]    API: {url}/docs    fleets: {url}/v1/fleets")
     if demo:
         console.print(
             f"  demo: {settings.demo_workers} emulated decode workers behind a JSQ router and "
@@ -657,10 +662,12 @@ def ingest(
     show_errors: Annotated[int, typer.Option(help="Rejected events to list.")] = 20,
 ) -> None:
     """Ingest a recorded event log through the same path as POST /v1/events."""
+    from rich.markup import escape
     from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
     from ingest.events import iter_file
     from shadow.service.runtime import DatabaseBusy, Runtime
+    from shadow.service.store import StorageError
 
     if not events.exists():
         raise fail(f"{events}: no such file", code=2)
@@ -669,8 +676,8 @@ def ingest(
     settings = _settings(config, db=db, windows=windows)
     try:
         runtime = Runtime(settings)
-    except DatabaseBusy as error:
-        raise fail(str(error)) from None
+    except (DatabaseBusy, StorageError) as error:
+        raise fail(escape(str(error))) from None
     totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
     errors = []
     started = time.perf_counter()
@@ -691,6 +698,9 @@ def ingest(
                 bar.update(task, completed=sum(totals.values()))
             bar.update(task, description="events applied; replaying windows")
             runtime.pipeline.finish()
+    except StorageError as error:
+        stored = f"{totals['accepted']:,} events of earlier batches are stored"
+        raise fail(escape(f"{error}; {stored}")) from None
     finally:
         runtime.close()
     elapsed = time.perf_counter() - started
