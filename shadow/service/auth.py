@@ -27,7 +27,7 @@ IMPLIES: dict[str, frozenset[str]] = {"operator": frozenset({"read"})}
 MIN_TOKEN_LENGTH = 16
 OPEN_PATHS = ("/healthz",)
 OPEN_PREFIXES = ("/static/",)
-UI_PAGES = ("/", "/compare", "/decisions", "/integrity", "/gate", "/replays")
+UI_PAGES = ("/", "/compare", "/decisions", "/integrity", "/gate", "/replays", "/sweeps")
 _INGEST_WRITES = ("/v1/events", "/v1/flush", "/v1/route")
 _BEARER = re.compile(r"^\s*Bearer\s+(\S+)\s*$", re.IGNORECASE)
 

@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 
 STATIC = Path(__file__).parent / "static"
 OWN_POLICY = ("/docs", "/redoc", "/docs/oauth2-redirect")
-PAGES = ("/", "/compare", "/decisions", "/integrity", "/gate", "/replays")
+PAGES = ("/", "/compare", "/decisions", "/integrity", "/gate", "/replays", "/sweeps")
 
 #: The page loads only its own scripts, styles and images, and never runs in a frame.
 SECURITY_HEADERS = {

@@ -1,4 +1,4 @@
-// The single-page app: navigation, fleet selector, URL-driven routing to the six pages.
+// The single-page app: navigation, fleet selector, URL-driven routing to the seven pages.
 import { h, qs, replace, svgEl } from "./lib/dom.js";
 import * as api from "./lib/api.js";
 import { params, navigate, onChange } from "./lib/state.js";
@@ -9,6 +9,7 @@ import decisions from "./pages/decisions.js";
 import integrity from "./pages/integrity.js";
 import gate from "./pages/gate.js";
 import replays from "./pages/replays.js";
+import sweeps from "./pages/sweeps.js";
 
 const PAGES = [
   { path: "/", page: overview, label: "Overview", icon: "M2 2h5v5H2zM9 2h5v5H9zM2 9h5v5H2zM9 9h5v5H9z" },
@@ -17,13 +18,14 @@ const PAGES = [
   { path: "/integrity", page: integrity, label: "Integrity", icon: "M8 1.5l5.5 2v4.2c0 3.1-2.3 5.5-5.5 6.8-3.2-1.3-5.5-3.7-5.5-6.8V3.5zM5.5 8l1.8 1.8 3.4-3.6" },
   { path: "/gate", page: gate, label: "Gate", icon: "M2.5 14V5.5L8 2l5.5 3.5V14M1.5 14h13M6 14v-4.5h4V14" },
   { path: "/replays", page: replays, label: "Replays", icon: "M13.5 8A5.5 5.5 0 1 1 11.9 4.1M13.5 1.8v3.4h-3.4" },
+  { path: "/sweeps", page: sweeps, label: "Sweeps", icon: "M2 2h12v12H2zM2 6h12M2 10h12M6 2v12M10 2v12" },
 ];
 
 function icon(d) {
   return svgEl("svg", { class: "nav-icon", viewBox: "0 0 16 16", width: "16", height: "16", fill: "none", stroke: "currentColor", "stroke-width": "1.5", "stroke-linecap": "round", "stroke-linejoin": "round", "aria-hidden": "true" }, svgEl("path", { d }));
 }
 // Pages that do not need a fleet to exist.
-const FLEETLESS = new Set(["replays"]);
+const FLEETLESS = new Set(["replays", "sweeps"]);
 
 const app = {
   fleets: null,
