@@ -40,6 +40,8 @@ SCHEMA_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 NAME_RULE = "1..128 characters of letters, digits, '.', '_', '-'"
 ID_MAX = 256
+#: The largest count: any sum of a fleet's counts still fits the int64 of DuckDB and numpy.
+COUNT_MAX = 2**53 - 1
 #: an event line longer than this is rejected unread (its rest skipped)
 MAX_LINE_BYTES = 1 << 20
 
@@ -70,7 +72,7 @@ class _IdSchema:
 Id = Annotated[str, _IdSchema()]
 Name = Annotated[StrictStr, Field(pattern=NAME_PATTERN)]
 Text = Annotated[StrictStr, Field(min_length=1, max_length=ID_MAX)]
-Count = Annotated[StrictInt, Field(ge=0)]
+Count = Annotated[StrictInt, Field(ge=0, le=COUNT_MAX)]
 Seconds = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -91,7 +93,7 @@ class WorkerEvent(_Base):
 
     type: Literal["worker"] = "worker"
     worker: Id
-    capacity: Annotated[StrictInt, Field(ge=1)]
+    capacity: Annotated[StrictInt, Field(ge=1, le=COUNT_MAX)]
     state: Literal["up", "down", "draining"] = "up"
 
 
@@ -102,7 +104,7 @@ class ReadyEvent(_Base):
     request_id: Id
     prompt_tokens: Count
     prompt_hash: Text | None = None
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=COUNT_MAX)] | None = None
 
 
 class RouterView(BaseModel):

@@ -9,7 +9,7 @@ event for event, ghost releases included.
 `worker: worker, capacity, state`; `ready: request_id, prompt_tokens, prompt_hash`;
 `dispatch: request_id, worker, audit` (audit is None or `(ingest_id, policy, router_view)`);
 `progress: request_id, generated`; `finish: request_id, output_tokens, reason`;
-`engine_step: worker, step, running, duration_ms`.
+`engine_step: worker, step, running, duration_ms`; `forget: before_ts` (`FleetCore.forget`).
 """
 
 from __future__ import annotations
@@ -71,6 +71,12 @@ class FleetCore:
             found = self.checker.on_engine_step(ts, worker, view.running, running)
         return found + self._sweep(ts), view
 
+    def forget(self, before_ts: float) -> int:
+        """Drop requests finished before `before_ts` (`FleetMirror.forget_finished`); the
+        owner sends `("forget", ts, fleet, before_ts)` down the stream too, so that a
+        follower's replica forgets at the same point."""
+        return self.mirror.forget_finished(before_ts)
+
     def _sweep(self, ts: float) -> list[Violation]:
         if ts < self._next_sweep:
             return []
@@ -90,5 +96,7 @@ class FleetCore:
             self.finish(ts, item[3], item[4], item[5])
         elif kind == "ready":
             self.ready(ts, item[3], item[4], item[5])
+        elif kind == "forget":
+            self.forget(item[3])
         else:
             self.worker(ts, item[3], item[4], item[5])

@@ -72,6 +72,8 @@ class InvariantChecker:
         self, mirror: FleetMirror, ts: float, request_id: str, worker_id: str
     ) -> list[Violation]:
         found: list[Violation] = []
+        if mirror.is_stale(ts, request_id):
+            return found  # a late duplicate of a forgotten request: the mirror ignores it
         request = mirror.requests.get(request_id)
         worker = mirror.workers.get(worker_id)
         if request is None:
@@ -142,6 +144,8 @@ class InvariantChecker:
         request = mirror.requests.get(request_id)
         if request_id in mirror.pool:
             return []  # left the pool before dispatch (a client gave up): legitimate
+        if mirror.is_stale(ts, request_id):
+            return []  # a late duplicate of a forgotten request
         if request is None or (request.worker is None and not request.finished):
             return self._violation(
                 "finish_unknown_request",

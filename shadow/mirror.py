@@ -9,10 +9,17 @@ Loads are maintained in O(1) per event. A request's generated count is the numbe
 engine steps its worker ran since the dispatch (`steps_g - offset_i`), raised by its
 cumulative `progress` when that is ahead (a fleet without step telemetry, or a request
 that started late). So `L_g = sum(s_i) + n_g * steps_g - sum(offset_i)`.
+
+Finished requests are kept (a late duplicate of their events must not look new) until
+`forget_finished` drops them; after that the mirror only remembers the horizon, and an
+event for an unknown request from before it is taken for a late duplicate of a forgotten
+request and ignored (see `forget_finished`).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -25,6 +32,9 @@ from shadow.predict.predictors import SurvivalPredictor
 NATURAL_FINISH = frozenset({"stop", "length"})
 #: Clock slack when deciding whether a dispatch came before a step's start.
 STEP_START_SLACK_S = 1e-6
+#: Longer outputs are not learned: the Survival predictor keeps a histogram as long as
+#: the longest output it saw, and one absurd count (a wrong event) must not cost gigabytes.
+MAX_LEARNED_OUTPUT_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,11 @@ class FleetMirror:
         self._slot_key = np.zeros(256, dtype=np.int64)
         self._free_slots: list[int] = []
         self._slots_used = 0
+        #: heap of (time it finished or was released, tie-break, request)
+        self._finished: list[tuple[float, int, RequestState]] = []
+        self._finished_count = itertools.count()
+        #: events of unknown requests from before this time are stale (`forget_finished`)
+        self.forgotten_before = float("-inf")
 
     def _take_slot(self, request: RequestState, worker: WorkerState) -> None:
         if self._free_slots:
@@ -162,6 +177,11 @@ class FleetMirror:
 
     def worker(self, worker_id: str) -> WorkerState | None:
         return self.workers.get(worker_id)
+
+    def is_stale(self, ts: float, request_id: str) -> bool:
+        """An event of a request the mirror does not know, from before the forget
+        horizon: most likely a late duplicate of a forgotten request, so it is ignored."""
+        return ts < self.forgotten_before and request_id not in self.requests
 
     def loads(self) -> np.ndarray:
         return np.array([w.load for w in self.order], dtype=np.int64)
@@ -217,9 +237,10 @@ class FleetMirror:
     def apply_ready(
         self, ts: float, request_id: str, prompt_tokens: int, prompt_hash: str | None
     ) -> RequestState | None:
-        """Add to the pool; None when the request is already known (a duplicate)."""
+        """Add to the pool; None when the request is already known (a duplicate) or the
+        event is stale."""
         self._tick(ts)
-        if request_id in self.requests:
+        if request_id in self.requests or ts < self.forgotten_before:
             return None
         key = prompt_key_id(prompt_hash) if prompt_hash is not None else int(NO_KEY)
         request = RequestState(request_id, prompt_tokens, key, ts)
@@ -227,10 +248,13 @@ class FleetMirror:
         self.pool[request_id] = request
         return request
 
-    def apply_dispatch(self, ts: float, request_id: str, worker_id: str) -> RequestState:
+    def apply_dispatch(self, ts: float, request_id: str, worker_id: str) -> RequestState | None:
         """Start the request on the worker. Unknown requests and workers are created (the
-        invariants record why that is wrong); a second dispatch moves nothing."""
+        invariants record why that is wrong); a second dispatch moves nothing; a stale one
+        (`is_stale`) does nothing and returns None."""
         self._tick(ts)
+        if self.is_stale(ts, request_id):
+            return None
         worker = self.workers.get(worker_id)
         if worker is None:
             worker = self.apply_worker(ts, worker_id, 0, "up")
@@ -283,7 +307,8 @@ class FleetMirror:
             self._release(worker, request)
         request.finished = True
         request.output_tokens = output_tokens
-        if reason in NATURAL_FINISH and output_tokens >= 1:
+        heapq.heappush(self._finished, (ts, next(self._finished_count), request))
+        if reason in NATURAL_FINISH and 1 <= output_tokens <= MAX_LEARNED_OUTPUT_TOKENS:
             self.predictor.observe(output_tokens)
         return Completed(
             request_id,
@@ -309,6 +334,7 @@ class FleetMirror:
         if request.worker is not None:
             self._release(request.worker, request)
         request.finished = True
+        heapq.heappush(self._finished, (self.now, next(self._finished_count), request))
 
     def apply_engine_step(
         self,
@@ -351,3 +377,32 @@ class FleetMirror:
         worker.last_step = step
         worker.steps += 1
         return view
+
+    def forget_finished(self, before_ts: float) -> int:
+        """Drop the requests that finished (or were released as ghosts) before `before_ts`;
+        returns how many. Memory then holds the live requests plus those finished since.
+
+        What the mirror cannot tell any more is whether an event of an unknown request
+        belongs to a forgotten one. Every event of a forgotten request has a time before
+        its finish, hence before the horizon, so events of unknown requests from before
+        `before_ts` are treated as late duplicates and ignored (no state change, no
+        violation). The cost: a straggler of a new request that arrives with a time
+        before the horizon is ignored too, and a re-dispatch of a forgotten request after
+        the horizon counts as `dispatch_without_ready` instead of `double_dispatch`. So
+        `before_ts` should lag `now` by far more than the reorder window and any retry.
+        """
+        if before_ts > self.forgotten_before:
+            self.forgotten_before = before_ts
+        finished = self._finished
+        forgotten = 0
+        while finished and finished[0][0] < before_ts:
+            request = heapq.heappop(finished)[2]
+            if self.requests.get(request.request_id) is request:
+                del self.requests[request.request_id]
+                forgotten += 1
+        for worker in self.order:
+            if len(worker.starting) > len(worker.active):
+                # released requests wait here for the worker's next step; a worker
+                # without step telemetry never steps, so they are dropped here
+                worker.starting = [r for r in worker.starting if r.worker is worker]
+        return forgotten

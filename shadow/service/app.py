@@ -47,6 +47,7 @@ from shadow.service.pipeline import FleetState
 from shadow.service.routing import LiveRouter, RouteRequest
 from shadow.service.runtime import Runtime
 from shadow.service.settings import ServiceSettings
+from shadow.service.store import StorageError
 from shadow.ui import mount_ui
 from shadow.windows import WINDOW_METRICS
 
@@ -313,7 +314,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
                 return None
             return pipeline.submit(events, errors).as_json()
 
-        result = await run_in_threadpool(work)
+        try:
+            result = await run_in_threadpool(work)
+        except StorageError as error:  # nothing of this batch is stored: say why
+            raise HTTPException(507 if error.disk_full else 503, str(error)) from None
         if result is None:
             _hit("batch_events")
             raise HTTPException(

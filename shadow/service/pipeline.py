@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 ORDER = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4, "dispatch": 5}
 LIFECYCLE = frozenset({"worker", "ready", "dispatch", "finish"})
 MAX_PENDING_SAMPLES = 1000
+STEP_SAMPLES_KEPT = 50_000  # the last ~6,000 steps of an 8-worker fleet
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,14 @@ class _RecentInts:
     every value: the common case is one comparison and no set operation.
     """
 
-    __slots__ = ("gaps", "high", "window")
+    __slots__ = ("gaps", "high", "restored_high", "window")
 
     def __init__(self, window: int) -> None:
         self.window = window
         self.high = -1
         self.gaps: set[int] = set()
+        #: the highest value before a restart (`seed`); -1 without one
+        self.restored_high = -1
 
     def add(self, value: int) -> bool:
         """Record `value`; False when it was seen (or is too old to tell, so presumed)."""
@@ -132,6 +135,7 @@ class _RecentInts:
         if values:
             low, self.high = min(values), max(values)
             self.gaps = set(range(low, self.high + 1)) - values
+            self.restored_high = self.high
 
 
 class _ReorderBuffer:
@@ -185,7 +189,11 @@ class FleetState:
         self.mirror = self.core.mirror
         self.checker = self.core.checker
         self.tracker = WindowTracker(fleet, self.mirror, config.windows)
-        self.step_samples: list[tuple[int, int, float, float]] = []  # step, kv, ms, ts
+        #: recent (step, kv, ms, ts) per worker step for the step-model fit; bounded, as
+        #: the fit wants the fleet as it is now
+        self.step_samples: deque[tuple[int, int, float, float]] = deque(
+            maxlen=STEP_SAMPLES_KEPT
+        )
         self.fit: StepModelFit | None = None
         #: engine steps where the mirror's load or active count differed from the engine's
         self.state_mismatches = 0
@@ -265,10 +273,17 @@ class Pipeline:
                 self._fleet(fleet).stored_windows |= indices
             for (fleet, source), seqs in self.store.recent_seqs(self.config.seq_window).items():
                 self._seq_memory(fleet, source).seed(seqs)
+            for (fleet, source), high in self.store.seq_highs().items():
+                memory = self._seq_memory(fleet, source)
+                memory.restored_high = max(memory.restored_high, high)
             count = 0
             violations: list[tuple[int, Violation]] = []
             stream: list[StreamItem] = []
-            for ts, _, ingest_id, kind, fields in self.store.stored_events():
+            stored = list(self.store.stored_events())
+            # What was still in the reorder window when the service stopped (never applied)
+            # goes back into it: a straggler that comes now must still sort before it.
+            hold_after = (stored[-1][0] if stored else 0.0) - self.config.reorder_window_s
+            for ts, _, ingest_id, kind, fields in stored:
                 event = _stored_event(kind, fields)
                 if kind == "engine_step":
                     self._steps_memory(event.fleet, event.worker).add(event.step)
@@ -279,12 +294,16 @@ class Pipeline:
                 elif kind == "worker":
                     self._admitted_workers.setdefault(event.fleet, set()).add(event.worker)
                 self._admitted_workers.setdefault(event.fleet, set())
+                self._max_ts = max(self._max_ts, ts)
+                count += 1
+                if ingest_id > applied_through and ts > hold_after:
+                    self._buffer.push((ts, ORDER[kind], ingest_id, event))
+                    continue
                 derive = ingest_id > applied_through
                 self._apply(event, ingest_id, violations, stream, derive=derive)
                 self._last_applied = (ts, ORDER[kind])
-                self._max_ts = max(self._max_ts, ts)
-                count += 1
             self._forget_finished_progress()
+            self._forget_finished(stream)
             self._audit(stream)
             decisions, audited = self._collect_audits(wait=True)
             self.store.commit(
@@ -320,65 +339,74 @@ class Pipeline:
                 raise RuntimeError(
                     "the ingest pipeline lost a commit; restart it from the database"
                 )
-            batch = EventBatch()
-            fresh: list[tuple[float, int, int, Any]] = []
-            next_id = self._next_id
-            for position, event in events:
-                refused = self._over_bound(event)
-                if refused is not None:
-                    bound, field_name, message = refused
-                    self.bound_hits[bound] += 1
-                    result.rejected += 1
-                    self.rejected += 1
-                    result.errors.append(EventError(position, None, field_name, message))
-                    continue
-                if not self._is_new(event):
-                    result.duplicates += 1
-                    self.counts[(event.fleet, event.type, "duplicate")] += 1
-                    continue
-                ingest_id = next_id
-                next_id += 1
-                kind = event.type
-                if kind in LIFECYCLE:
-                    batch.lifecycle.append(_lifecycle_row(ingest_id, event))
-                elif kind == "engine_step":
-                    batch.steps.append(
-                        (
-                            ingest_id,
-                            event.fleet,
-                            event.source,
-                            event.seq,
-                            event.worker,
-                            event.step,
-                            event.ts,
-                            event.duration_ms,
-                            event.running,
-                            event.kv_tokens,
-                            event.waiting,
+            try:
+                batch = EventBatch()
+                fresh: list[tuple[float, int, int, Any]] = []
+                next_id = self._next_id
+                for position, event in events:
+                    refused = self._over_bound(event)
+                    if refused is not None:
+                        bound, field_name, message = refused
+                        self.bound_hits[bound] += 1
+                        result.rejected += 1
+                        self.rejected += 1
+                        result.errors.append(EventError(position, None, field_name, message))
+                        continue
+                    if not self._is_new(event):
+                        result.duplicates += 1
+                        self.counts[(event.fleet, event.type, "duplicate")] += 1
+                        continue
+                    ingest_id = next_id
+                    next_id += 1
+                    kind = event.type
+                    if event.seq is not None:
+                        key = (event.fleet, event.source)
+                        batch.seq_high[key] = self._seqs[key].high
+                    if kind in LIFECYCLE:
+                        batch.lifecycle.append(_lifecycle_row(ingest_id, event))
+                    elif kind == "engine_step":
+                        batch.steps.append(
+                            (
+                                ingest_id,
+                                event.fleet,
+                                event.source,
+                                event.seq,
+                                event.worker,
+                                event.step,
+                                event.ts,
+                                event.duration_ms,
+                                event.running,
+                                event.kv_tokens,
+                                event.waiting,
+                            )
                         )
-                    )
-                elif kind == "progress":
-                    key = (event.fleet, event.request_id)
-                    if self._progress_seen.get(key, -1) < event.generated:
-                        self._progress_seen[key] = event.generated
-                        batch.progress[key] = (*key, event.generated, event.ts, ingest_id)
-                fresh.append((event.ts, ORDER[kind], ingest_id, event))
-                result.accepted += 1
-                self.counts[(event.fleet, kind, "accepted")] += 1
-                if kind == "finish":
-                    self._finished_progress.append((event.ts, (event.fleet, event.request_id)))
-            if fresh:
-                self._next_id = next_id
-                for entry in fresh:
-                    self._buffer.push(entry)
-                    if entry[0] > self._max_ts:
-                        self._max_ts = entry[0]
-                upto = self._max_ts - self.config.reorder_window_s
-                if len(self._buffer) > self.config.limits.max_reorder_events:
-                    self.bound_hits["reorder_buffer"] += 1
-                    upto = self._max_ts  # apply what is held now rather than hold more
-                self._release(upto, batch)
-                self._forget_finished_progress()
+                    elif kind == "progress":
+                        key = (event.fleet, event.request_id)
+                        if self._progress_seen.get(key, -1) < event.generated:
+                            self._progress_seen[key] = event.generated
+                            batch.progress[key] = (*key, event.generated, event.ts, ingest_id)
+                    fresh.append((event.ts, ORDER[kind], ingest_id, event))
+                    result.accepted += 1
+                    self.counts[(event.fleet, kind, "accepted")] += 1
+                    if kind == "finish":
+                        self._finished_progress.append((event.ts, (event.fleet, event.request_id)))
+                if fresh:
+                    self._next_id = next_id
+                    for entry in fresh:
+                        self._buffer.push(entry)
+                        if entry[0] > self._max_ts:
+                            self._max_ts = entry[0]
+                    upto = self._max_ts - self.config.reorder_window_s
+                    if len(self._buffer) > self.config.limits.max_reorder_events:
+                        self.bound_hits["reorder_buffer"] += 1
+                        upto = self._max_ts  # apply what is held now rather than hold more
+                    self._release(upto, batch)
+                    self._forget_finished_progress()
+            except BaseException:
+                # the memory of seqs, ids and the mirror may have run ahead of the
+                # database: nothing more until it is rebuilt from there
+                self.broken = True
+                raise
         return result
 
     def _over_bound(self, event: Any) -> tuple[str, str, str] | None:
@@ -416,12 +444,33 @@ class Pipeline:
         while finished and finished[0][0] < horizon:
             self._progress_seen.pop(finished.popleft()[1], None)
 
+    def _forget_finished(self, stream: list[StreamItem]) -> None:
+        """Finished requests leave the mirrors `finished_ttl_s` (fleet time) after they
+        finished; the audit follower's replica forgets at the same point of the stream."""
+        for state in self.fleets.values():
+            before = state.mirror.now - self.config.limits.finished_ttl_s
+            if before > state.mirror.forgotten_before:
+                state.core.forget(before)
+                if self.config.audit_enabled:
+                    stream.append(("forget", state.mirror.now, state.fleet, before))
+
     def _is_new(self, event: Any) -> bool:
-        if event.seq is not None and not self._seq_memory(event.fleet, event.source).add(event.seq):
-            return False
+        memory = None
+        if event.seq is not None:
+            memory = self._seq_memory(event.fleet, event.source)
+            if not memory.add(event.seq):
+                return False
         kind = event.type
         if kind == "progress":
-            return self._progress_seen.get((event.fleet, event.request_id), -1) != event.generated
+            seen = self._progress_seen.get((event.fleet, event.request_id), -1)
+            if event.generated == seen:
+                return False
+            # Progress seqs are not stored: after a restart, a progress sent before it that
+            # is not ahead is a resent one, not a decrease.
+            return not (
+                memory is not None and event.seq <= memory.restored_high
+                and event.generated < seen
+            )  # fmt: skip
         if kind == "engine_step":
             return self._steps_memory(event.fleet, event.worker).add(event.step)
         return True
@@ -447,6 +496,8 @@ class Pipeline:
                 self._last_applied = (ts, order)
             self._apply(event, ingest_id, violations, stream, derive=True)
             applied += 1
+        if applied:
+            self._forget_finished(stream)
         self._audit(stream)
         decisions, audited = self._collect_audits()
         batch = batch or EventBatch()
@@ -586,7 +637,9 @@ class Pipeline:
         elif kind == "dispatch":
             if audit:
                 request = mirror.requests.get(event.request_id)
-                first = request is None or (request.worker is None and not request.finished)
+                first = (request is None and not mirror.is_stale(ts, event.request_id)) or (
+                    request is not None and request.worker is None and not request.finished
+                )
                 audited = None
                 if derive and first and event.worker in mirror.workers:
                     view = event.router_view

@@ -4,9 +4,12 @@ worker processes for the audit and the window replays. `shadow serve` and
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import duckdb
+from sqlalchemy.exc import DBAPIError
 
 from shadow.service.pipeline import Pipeline
 from shadow.service.settings import ServiceSettings
@@ -17,18 +20,43 @@ from shadow.service.workers import audit_worker, window_worker
 class DatabaseBusy(RuntimeError):
     """Another process holds the database file."""
 
+    @classmethod
+    def of(cls, path: Path, error: BaseException) -> DatabaseBusy | None:
+        """The clear error for `error` (DuckDB's, bare or wrapped by SQLAlchemy) when it
+        says that another process holds the file's lock; None for any other error."""
+        cause = error.orig if isinstance(error, DBAPIError) else error
+        if not isinstance(cause, duckdb.IOException) or "lock" not in str(cause).lower():
+            return None
+        pid = re.search(r"\(PID (\d+)\)", str(cause))
+        holder = f"process {pid.group(1)}" if pid else "another process"
+        return cls(
+            f"{path} is in use by {holder} (a running `shadow serve`?); stop it or use another --db"
+        )
+
+
+def ensure_database_free(path: Path) -> None:
+    """Raise `DatabaseBusy` when another process holds the file. `shadow serve` asks
+    before it starts the server, whose start-up failures end in an ASGI traceback."""
+    if not Path(path).exists():
+        return
+    try:
+        duckdb.connect(str(path), read_only=True).close()
+    except duckdb.Error as error:
+        busy = DatabaseBusy.of(path, error)
+        if busy is not None:
+            raise busy from None
+        # anything else is reported when the service opens the file
+
 
 class Runtime:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         try:
-            self.store = ServiceStore(settings.db)
-        except duckdb.IOException as error:
-            if "lock" in str(error).lower():
-                raise DatabaseBusy(
-                    f"{settings.db} is in use by another process (a running `shadow serve`?); "
-                    "stop it or use another --db"
-                ) from None
+            self.store = ServiceStore(settings.db, memory_mb=settings.duckdb_memory_mb)
+        except (duckdb.IOException, DBAPIError) as error:
+            busy = DatabaseBusy.of(settings.db, error)
+            if busy is not None:
+                raise busy from None
             raise
         config = settings.pipeline()
         self._executors: list[ProcessPoolExecutor] = []

@@ -59,6 +59,7 @@ class ServiceSettings(BaseModel):
     max_workers_per_fleet: int = Field(1024, ge=1)
     max_active_per_fleet: int = Field(200_000, ge=1)
     finished_ttl_s: float = Field(300.0, gt=0)
+    duckdb_memory_mb: int = Field(512, ge=64)
     reorder_window_s: float = Field(2.0, ge=0)
     idle_flush_s: float = Field(0.5, gt=0)
     audit: bool = True

@@ -10,6 +10,7 @@ tail after it.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
@@ -22,6 +23,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 
 from shadow.audit import Decision
 from shadow.invariants import Violation
@@ -54,8 +56,39 @@ VIOLATION_COLUMNS = ("ingest_id", "fleet", "kind", "severity", "worker", "reques
 #: Tables keyed by a primary key, where a row may be written again (restart, newer value).
 TRAJECTORY_COLUMNS = ("fleet", "window_index", "policy", "points", "workers", *TRAJECTORY_FIELDS)
 UPSERT_TABLES = frozenset({"progress_latest", "window_metrics", "window_trajectories"})
+#: Violations raised by events that are not stored: a lower progress than the request's
+#: highest (only the highest is kept), so a restart cannot derive them again.
+NOT_REDERIVED = ("progress_decreased",)
+#: the incident of new violation row `r` (what the checker reports once) is stored
+_INCIDENT_STORED = (
+    "EXISTS (SELECT 1 FROM violations v WHERE v.fleet = r.fleet AND v.kind = r.kind "
+    "AND v.worker IS NOT DISTINCT FROM r.worker "
+    "AND v.request_id IS NOT DISTINCT FROM r.request_id)"
+)
 _views = itertools.count()
 _views_lock = threading.Lock()
+
+
+class StorageError(RuntimeError):
+    """A write to the database failed for want of storage (a full disk, an I/O error);
+    the transaction, and everything it was to store, is not in the database."""
+
+    def __init__(self, path: Path, cause: BaseException) -> None:
+        reason = " ".join(str(cause).split())
+        self.disk_full = "no space left" in reason.lower()
+        what = f"the disk holding {path} is full" if self.disk_full else f"cannot write {path}"
+        super().__init__(f"storage failed: {what}; the batch was not stored ({reason})")
+
+    @staticmethod
+    def caused(error: BaseException) -> BaseException | None:
+        """The storage failure behind `error` (DuckDB's, bare or wrapped by SQLAlchemy);
+        None when `error` is something else."""
+        cause = error.orig if isinstance(error, DBAPIError) else error
+        text_ = str(cause).lower()
+        storage = isinstance(cause, (duckdb.IOException, duckdb.FatalException, OSError))
+        if storage or "could not write" in text_ or "no space left" in text_:
+            return cause
+        return None
 
 
 @dataclass
@@ -66,6 +99,9 @@ class EventBatch:
     steps: list[tuple] = field(default_factory=list)
     samples: list[tuple] = field(default_factory=list)
     progress: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    #: (fleet, source) -> the highest seq received from it, progress included (the seqs
+    #: of progress events are not stored otherwise; see `seq_highs`)
+    seq_high: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.lifecycle) + len(self.steps) + len(self.progress) + len(self.samples)
@@ -75,8 +111,16 @@ def _duck(conn: Connection) -> duckdb.DuckDBPyConnection:
     return conn.connection.driver_connection  # type: ignore[return-value]
 
 
-def _append(conn: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple]) -> None:
-    """Append rows through a registered Arrow table (one columnar insert)."""
+def _append(
+    conn: Connection,
+    table: str,
+    columns: Sequence[str],
+    rows: Sequence[tuple],
+    *,
+    unless: str | None = None,
+) -> None:
+    """Append rows through a registered Arrow table (one columnar insert); `unless` is a
+    condition on the new row `r` that skips it."""
     if not rows:
         return
     data = pa.Table.from_pydict({name: [row[i] for row in rows] for i, name in enumerate(columns)})
@@ -87,7 +131,8 @@ def _append(conn: Connection, table: str, columns: Sequence[str], rows: Sequence
     try:
         names = ", ".join(columns)
         verb = "INSERT OR REPLACE" if table in UPSERT_TABLES else "INSERT"
-        duck.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM {view}")
+        where = f" WHERE NOT ({unless})" if unless else ""
+        duck.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM {view} r{where}")
     finally:
         duck.unregister(view)
 
@@ -95,17 +140,32 @@ def _append(conn: Connection, table: str, columns: Sequence[str], rows: Sequence
 class ServiceStore:
     """The service's DuckDB file (migrated on open)."""
 
-    def __init__(self, path: str | Path, threads: int = 1) -> None:
+    def __init__(self, path: str | Path, threads: int = 1, memory_mb: int = 512) -> None:
         """`threads`: DuckDB worker threads. The service appends small batches; more
-        threads only contend with the ingest and audit processes for the cores."""
+        threads only contend with the ingest and audit processes for the cores.
+        `memory_mb`: DuckDB's buffer pool (its default is 80% of the machine), so a
+        long-running service keeps a flat footprint; DuckDB spills past it."""
         self.path = Path(path)
         self.database = open_database(path)
         self.engine = self.database.engine
         with self.engine.begin() as conn:
-            conn.execute(text(f"SET threads TO {threads}"))
+            conn.execute(text(f"SET threads TO {int(threads)}"))
+            conn.execute(text(f"SET memory_limit = '{int(memory_mb)}MB'"))
 
     def close(self) -> None:
         self.database.close()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        """One write transaction; a storage failure becomes a `StorageError`."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except (duckdb.Error, DBAPIError, OSError) as error:
+            cause = StorageError.caused(error)
+            if cause is None:
+                raise
+            raise StorageError(self.path, cause) from error
 
     # -- writes ---------------------------------------------------------------------
 
@@ -119,12 +179,14 @@ class ServiceStore:
     ) -> None:
         """One transaction: the batch being acknowledged (with the id counter after it)
         and everything derived so far (with the checkpoint it reaches)."""
-        with self.engine.begin() as conn:
+        with self._writing() as conn:
             _append(conn, "events", LIFECYCLE_COLUMNS, batch.lifecycle)
             _append(conn, "engine_steps", STEP_COLUMNS, batch.steps)
             _append(conn, "progress_latest", PROGRESS_COLUMNS, list(batch.progress.values()))
             _append(conn, "engine_samples", SAMPLE_COLUMNS, batch.samples)
             self._set_state(conn, "next_ingest_id", next_ingest_id)
+            for (fleet, source), high in batch.seq_high.items():
+                self._set_state(conn, f"seq_high:{fleet}:{source}", high)
             _append(
                 conn, "decisions", DECISION_COLUMNS, [_decision_row(i, d) for i, d in decisions]
             )
@@ -136,20 +198,28 @@ class ServiceStore:
                     (i, v.fleet, v.kind, v.severity, v.worker, v.request_id, v.ts, v.detail)
                     for i, v in violations
                 ],
+                # One row per incident. A restart re-derives what follows the checkpoint,
+                # and the event that raised an incident before it may be gone (only a
+                # request's highest progress is kept), so a later one can raise it again.
+                unless=_INCIDENT_STORED,
             )
             self._set_state(conn, "applied_through", applied_through)
 
     def drop_derived_after(self, applied_through: int) -> None:
-        """Forget derived rows of events after the checkpoint (they are re-derived)."""
-        with self.engine.begin() as conn:
-            for table in ("decisions", "violations"):
-                conn.execute(
-                    text(f"DELETE FROM {table} WHERE ingest_id > :after"),
-                    {"after": applied_through},
-                )
+        """Forget derived rows of events after the checkpoint (they are re-derived),
+        except those no stored event can derive again (`NOT_REDERIVED`)."""
+        with self._writing() as conn:
+            conn.execute(
+                text("DELETE FROM decisions WHERE ingest_id > :after"), {"after": applied_through}
+            )
+            keep = ", ".join(f"'{kind}'" for kind in NOT_REDERIVED)
+            conn.execute(
+                text(f"DELETE FROM violations WHERE ingest_id > :after AND kind NOT IN ({keep})"),
+                {"after": applied_through},
+            )
 
     def save_window(self, result: WindowResult, fitted: bool) -> None:
-        with self.engine.begin() as conn:
+        with self._writing() as conn:
             conn.execute(
                 text(
                     "INSERT OR REPLACE INTO windows VALUES (:fleet, :index, :t_start, :t_end, "
@@ -188,7 +258,7 @@ class ServiceStore:
             _append(conn, "window_trajectories", TRAJECTORY_COLUMNS, paths)
 
     def save_fit(self, fleet: str, fitted_at: float, fit: Any) -> None:
-        with self.engine.begin() as conn:
+        with self._writing() as conn:
             conn.execute(
                 text(
                     "INSERT INTO step_model_fits VALUES (:fleet, :at, :a, :b, :r2, :n, "
@@ -277,6 +347,15 @@ class ServiceStore:
                 {"window": window},
             ):
                 out.setdefault((row["fleet"], row["source"]), set()).add(int(row["seq"]))
+        return out
+
+    def seq_highs(self) -> dict[tuple[str, str], int]:
+        """Per (fleet, source), the highest seq stored with `EventBatch.seq_high`."""
+        rows = self.query("SELECT name, value FROM ingest_state WHERE name LIKE 'seq_high:%'")
+        out: dict[tuple[str, str], int] = {}
+        for row in rows:
+            _, fleet, source = row["name"].split(":", 2)  # names have no ':' (NAME_PATTERN)
+            out[(fleet, source)] = int(row["value"])
         return out
 
     def window_indices(self) -> dict[str, set[int]]:
