@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -1155,5 +1157,29 @@ def dashboards_provision(
         )
 
 
+_RAY_ADDRESS = re.compile(r"^(auto|local|[a-z]+://\S+|[\w.-]+:\d+)$")
+
+
+def ray_address_argv(argv: list[str]) -> list[str]:
+    """`shadow sweep ... --ray ADDRESS`: Click has no option with an optional value, so
+    `--ray` followed by something that looks like a Ray address (auto, ray://head:10001,
+    host:6379) becomes `--ray --ray-address ADDRESS`; a bare `--ray` stays local."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        out.append(argv[i])
+        if argv[i] == "--ray" and i + 1 < len(argv) and _RAY_ADDRESS.match(argv[i + 1]):
+            if argv[i + 1] != "local":
+                out += ["--ray-address", argv[i + 1]]
+            i += 1
+        i += 1
+    return out
+
+
+def main() -> None:
+    """The `shadow` command."""
+    app(args=ray_address_argv(sys.argv[1:]), prog_name="shadow")
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -403,3 +403,16 @@ def test_bench_sweep_reports_cells_per_minute(tmp_path):
     for r in report["results"]:
         assert r["cells_per_min"] == pytest.approx(60 * 9 / r["wall_s"])
         assert r["cpu_s"] > 0
+
+
+def test_ray_takes_an_optional_address_as_the_issue_spells_it():
+    from shadow.cli import ray_address_argv
+
+    base = ["sweep", "synthetic:small", "--grid", "g.toml"]
+    assert ray_address_argv([*base, "--ray"]) == [*base, "--ray"]
+    assert ray_address_argv([*base, "--ray", "ray://head:10001"]) == [
+        *base, "--ray", "--ray-address", "ray://head:10001"]  # fmt: skip
+    assert ray_address_argv([*base, "--ray", "auto", "--jobs", "2"]) == [
+        *base, "--ray", "--ray-address", "auto", "--jobs", "2"]  # fmt: skip
+    assert ray_address_argv(["sweep", "--ray", "synthetic:small"]) == [
+        "sweep", "--ray", "synthetic:small"]  # fmt: skip
