@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from shadow.bench.ui import CHROMIUM_ARGS
 from shadow.service.process import ServerProcess
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -32,15 +33,7 @@ FLEET = "default"
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
 )
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+ARGS = CHROMIUM_ARGS
 PAGES = {
     "overview": "/",
     "compare": "/compare",

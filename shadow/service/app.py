@@ -61,6 +61,18 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _time_range(
+    where: list[str], params: dict[str, Any], since: float | None, until: float | None
+) -> None:
+    """Add `since <= ts < until` (either end optional) as bound parameters."""
+    if since is not None:
+        where.append("ts >= :since")
+        params["since"] = since
+    if until is not None:
+        where.append("ts < :until")
+        params["until"] = until
+
+
 def _json_floats(column: Any) -> list[float | None]:
     """A fetched numeric column as JSON values: NULL and non-finite as None."""
     array = np.ma.filled(np.ma.masked_invalid(np.ma.asarray(column, dtype=np.float64)), np.nan)
@@ -475,12 +487,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         if min_regret is not None:
             where.append("f_br0_best - f_br0_incumbent >= :min_regret")
             params["min_regret"] = min_regret
-        if since is not None:
-            where.append("ts >= :since")
-            params["since"] = since
-        if until is not None:
-            where.append("ts < :until")
-            params["until"] = until
+        _time_range(where, params, since, until)
         column = "f_br0_best - f_br0_incumbent" if sort == "regret" else sort
         direction = "ASC" if order == "asc" else "DESC"
         clause = " AND ".join(where)
@@ -512,12 +519,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         """Invariant violations, newest first, by kind, severity and time."""
         where = ["fleet = :fleet"]
         params: dict[str, Any] = {"fleet": fleet, "limit": limit, "offset": offset}
-        if since is not None:
-            where.append("ts >= :since")
-            params["since"] = since
-        if until is not None:
-            where.append("ts < :until")
-            params["until"] = until
+        _time_range(where, params, since, until)
         if kind is not None:
             where.append("kind = :kind")
             params["kind"] = kind
