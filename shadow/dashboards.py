@@ -412,42 +412,27 @@ def _overview() -> dashboard.Dashboard:
             ],
         )
     )
-    builder.with_panel(
-        _timeseries(
-            "Throughput per policy",
-            "Output tokens per second in the latest window.",
-            TOKENS_PER_S,
-            [
-                _query(f"shadow_window_throughput_tokens_per_second{window}", "{{policy}}"),
-                _query(f"shadow_window_throughput_tokens_per_second{observed}", "observed"),
-            ],
-            width=8,
+    for title, description, unit, metric in (
+        ("Throughput per policy", "Output tokens per second in the latest window.",
+         TOKENS_PER_S, "shadow_window_throughput_tokens_per_second"),
+        ("TPOT P95 per policy", "95th percentile time per output token in the latest window.",
+         SECONDS, "shadow_window_tpot_p95_seconds"),
+        ("Step time per policy",
+         "Mean decode step time in the latest window (the step model T = a * max L + b).",
+         SECONDS, "shadow_window_step_seconds"),
+    ):  # fmt: skip
+        builder.with_panel(
+            _timeseries(
+                title,
+                description,
+                unit,
+                [
+                    _query(f"{metric}{window}", "{{policy}}"),
+                    _query(f"{metric}{observed}", "observed"),
+                ],
+                width=8,
+            )
         )
-    )
-    builder.with_panel(
-        _timeseries(
-            "TPOT P95 per policy",
-            "95th percentile time per output token in the latest window.",
-            SECONDS,
-            [
-                _query(f"shadow_window_tpot_p95_seconds{window}", "{{policy}}"),
-                _query(f"shadow_window_tpot_p95_seconds{observed}", "observed"),
-            ],
-            width=8,
-        )
-    )
-    builder.with_panel(
-        _timeseries(
-            "Step time per policy",
-            "Mean decode step time in the latest window (the step model T = a * max L + b).",
-            SECONDS,
-            [
-                _query(f"shadow_window_step_seconds{window}", "{{policy}}"),
-                _query(f"shadow_window_step_seconds{observed}", "observed"),
-            ],
-            width=8,
-        )
-    )
     builder.with_row(_row("Ratios vs the incumbent's replay"))
     for metric, title, better in (
         ("imbalance", "Imbalance ratio vs incumbent", "below 1 is better"),
