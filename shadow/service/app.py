@@ -41,7 +41,9 @@ from shadow.modes import (
 from shadow.policies.fscore import gap, imbalance
 from shadow.service import auth, explore, sweeps
 from shadow.service.demo import DemoPlan, DemoProcess, abandon_previous_world
-from shadow.service.explore import SortKey, invalid
+from shadow.service.explore import PAGE_MAX, SortKey, invalid
+from shadow.service.explore import clean as _clean
+from shadow.service.explore import rows_json as _rows
 from shadow.service.metrics import ServiceCollector, route_latency
 from shadow.service.pipeline import FleetState
 from shadow.service.routing import LiveRouter, RouteRequest
@@ -51,14 +53,7 @@ from shadow.service.store import StorageError
 from shadow.ui import mount_ui
 from shadow.windows import WINDOW_METRICS
 
-PAGE_MAX = 1000
 WINDOWS_PAGE_MAX = 5000  # a day of 30 s windows is 2,880
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    return value
 
 
 def _time_range(
@@ -79,20 +74,22 @@ def _json_floats(column: Any) -> list[float | None]:
     return [None if math.isnan(v) else v for v in array.tolist()]
 
 
-def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: _clean(v) for k, v in row.items()} for row in rows]
-
-
 def _page(
-    runtime: Runtime, table: str, where: list[str], params: dict[str, Any], order: str
+    runtime: Runtime,
+    table: str,
+    where: list[str],
+    params: dict[str, Any],
+    order: str,
+    columns: str = "*",
 ) -> dict[str, Any]:
-    """One page of a table: the filters are fixed SQL with bound parameters (never user
-    text), the total counts every match."""
+    """One page of a table: the filters, columns and order are fixed SQL with bound
+    parameters (never user text), the total counts every match."""
     clause = " AND ".join(where)
     store = runtime.store
     total = store.query(f"SELECT count(*) AS n FROM {table} WHERE {clause}", params)[0]["n"]
     rows = store.query(
-        f"SELECT * FROM {table} WHERE {clause} ORDER BY {order} LIMIT :limit OFFSET :offset",
+        f"SELECT {columns} FROM {table} WHERE {clause} ORDER BY {order} "
+        "LIMIT :limit OFFSET :offset",
         params,
     )
     return {"total": int(total), "limit": params["limit"], "offset": params["offset"],
@@ -490,21 +487,16 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         _time_range(where, params, since, until)
         column = "f_br0_best - f_br0_incumbent" if sort == "regret" else sort
         direction = "ASC" if order == "asc" else "DESC"
-        clause = " AND ".join(where)
-        store = runtime().store
-        total = store.query(f"SELECT count(*) AS n FROM decisions WHERE {clause}", params)
-        columns = "*" if snapshot else "* EXCLUDE (snapshot)"
-        rows = store.query(
-            f"SELECT {columns}, f_br0_best - f_br0_incumbent AS regret FROM decisions "
-            f"WHERE {clause} ORDER BY {column} {direction} NULLS LAST, ingest_id {direction}, "
-            "policy LIMIT :limit OFFSET :offset",
-            params,
-        )
-        items = _rows(rows)
+        page = _page(
+            runtime(), "decisions", where, params,
+            f"{column} {direction} NULLS LAST, ingest_id {direction}, policy",
+            ("*" if snapshot else "* EXCLUDE (snapshot)")
+            + ", f_br0_best - f_br0_incumbent AS regret",
+        )  # fmt: skip
         if snapshot:
-            for row in items:
+            for row in page["items"]:
                 row["snapshot"] = json.loads(row["snapshot"])
-        return {"total": int(total[0]["n"]), "limit": limit, "offset": offset, "items": items}
+        return page
 
     @app.get("/v1/fleets/{fleet}/violations")
     def violations(
