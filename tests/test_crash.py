@@ -233,7 +233,7 @@ def small_disk(tmp_path) -> Iterator[Path]:
         capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        pytest.fail(f"the full-disk tests mount a small tmpfs (as root): {done.stderr.strip()}")
     try:
         (mount / "filler").write_bytes(b"\0" * 5_000_000)
         yield mount

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from playwright import sync_api
 
 from shadow.bench.ui import CHROMIUM_ARGS
 from shadow.service.process import ServerProcess
 
-sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
 
 REPO = Path(__file__).resolve().parents[1]

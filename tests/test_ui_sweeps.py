@@ -15,11 +15,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from playwright import sync_api
 
 from shadow.service.process import ServerProcess
 from tests.test_ui import ARGS, ARTIFACTS, CHROMIUM, REPO, Watched
-
-sync_api = pytest.importorskip("playwright.sync_api")
 
 SWEEP = "ui-grid"
 BETAS, GAMMAS = (5.0, 100.0), (0.5, 0.95)
