@@ -624,6 +624,7 @@ def serve(
     import uvicorn
 
     from shadow.service.app import create_app
+    from shadow.service.gc_policy import tune_garbage_collector
     from shadow.service.runtime import DatabaseBusy, ensure_database_free
 
     settings = _settings(config, host=host, port=port, db=db)
@@ -649,7 +650,9 @@ def serve(
             f"{url}/v1/demo"
         )
     console.print("  Ctrl-C stops everything")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    service = create_app(settings)
+    tune_garbage_collector()
+    uvicorn.run(service, host=settings.host, port=settings.port, log_level="warning")
 
 
 @app.command()
@@ -668,6 +671,7 @@ def ingest(
     from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
     from ingest.events import iter_file
+    from shadow.service.gc_policy import tune_garbage_collector
     from shadow.service.runtime import DatabaseBusy, Runtime
     from shadow.service.store import StorageError
 
@@ -680,6 +684,7 @@ def ingest(
         runtime = Runtime(settings)
     except (DatabaseBusy, StorageError) as error:
         raise fail(escape(str(error))) from None
+    tune_garbage_collector()
     totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
     errors = []
     started = time.perf_counter()

@@ -99,3 +99,23 @@ def test_page_size_bound_is_counted(client):
     response = client.get("/v1/fleets/default/decisions", params={"limit": 5000})
     assert response.status_code == 422 and "limit" in response.text
     assert hits(client)["page_size"] == before + 1
+
+
+def test_counts_past_32_bits_are_refused_without_breaking_ingest(client):
+    """`running`, `waiting` and `capacity` are stored as 32-bit: a larger value used to
+    abort the batch's transaction and stop ingest for good (503 until a restart)."""
+    step = {"type": "engine_step", "ts": 500.0, "worker": "w0", "step": 90_000,
+            "duration_ms": 10.0, "fleet": "default"}  # fmt: skip
+    too_many = [
+        {**step, "running": 2**31},
+        {**step, "step": 90_001, "running": 1, "waiting": 2**40},
+        {"type": "worker", "ts": 500.0, "worker": "w1", "capacity": 2**31},
+    ]
+    refused = post(client, too_many)
+    assert refused.status_code == 400
+    fields = sorted(e["field"] for e in refused.json()["errors"])
+    assert fields == ["capacity", "running", "waiting"]
+    largest = post(client, [{**step, "step": 90_002, "running": 2**31 - 1, "waiting": 2**31 - 1}])
+    assert largest.status_code == 200 and largest.json()["accepted"] == 1
+    assert client.post("/v1/flush").status_code == 200
+    assert client.get("/v1/fleets/default/snapshot").status_code == 200

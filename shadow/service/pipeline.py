@@ -191,9 +191,7 @@ class FleetState:
         self.tracker = WindowTracker(fleet, self.mirror, config.windows)
         #: recent (step, kv, ms, ts) per worker step for the step-model fit; bounded, as
         #: the fit wants the fleet as it is now
-        self.step_samples: deque[tuple[int, int, float, float]] = deque(
-            maxlen=STEP_SAMPLES_KEPT
-        )
+        self.step_samples: deque[tuple[int, int, float, float]] = deque(maxlen=STEP_SAMPLES_KEPT)
         self.fit: StepModelFit | None = None
         #: engine steps where the mirror's load or active count differed from the engine's
         self.state_mismatches = 0

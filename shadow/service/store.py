@@ -41,6 +41,7 @@ STEP_COLUMNS = (
     "kv_tokens", "waiting",
 )  # fmt: skip
 PROGRESS_COLUMNS = ("fleet", "request_id", "generated", "ts", "ingest_id")
+STATE_COLUMNS = ("name", "value")
 SAMPLE_COLUMNS = ("fleet", "worker", "ts", "running", "waiting", "kv_usage",
                   "generation_tokens", "mirror_active")  # fmt: skip
 #: `ingest_id` then the fields of `shadow.audit.Decision`, in order.
@@ -55,7 +56,9 @@ VIOLATION_COLUMNS = ("ingest_id", "fleet", "kind", "severity", "worker", "reques
 
 #: Tables keyed by a primary key, where a row may be written again (restart, newer value).
 TRAJECTORY_COLUMNS = ("fleet", "window_index", "policy", "points", "workers", *TRAJECTORY_FIELDS)
-UPSERT_TABLES = frozenset({"progress_latest", "window_metrics", "window_trajectories"})
+UPSERT_TABLES = frozenset(
+    {"progress_latest", "window_metrics", "window_trajectories", "ingest_state"}
+)
 #: Violations raised by events that are not stored: a lower progress than the request's
 #: highest (only the highest is kept), so a restart cannot derive them again.
 NOT_REDERIVED = ("progress_decreased",)
@@ -66,6 +69,8 @@ _INCIDENT_STORED = (
     "AND v.request_id IS NOT DISTINCT FROM r.request_id)"
 )
 _views = itertools.count()
+#: (table, columns) -> Arrow schema; the tables' types are fixed by the migrations
+_schemas: dict[tuple[str, tuple[str, ...]], pa.Schema] = {}
 _views_lock = threading.Lock()
 
 
@@ -111,6 +116,20 @@ def _duck(conn: Connection) -> duckdb.DuckDBPyConnection:
     return conn.connection.driver_connection  # type: ignore[return-value]
 
 
+def _arrow_schema(conn: Connection, table: str, columns: Sequence[str]) -> pa.Schema:
+    """The Arrow types of `table`'s `columns`, read from the database once per process.
+
+    Typed columns are built three times faster than inferred ones, and inference tries
+    (and fails) to import pandas on every call.
+    """
+    key = (table, tuple(columns))
+    schema = _schemas.get(key)
+    if schema is None:
+        query = f"SELECT {', '.join(columns)} FROM {table} LIMIT 0"
+        schema = _schemas[key] = _duck(conn).sql(query).to_arrow_table().schema
+    return schema
+
+
 def _append(
     conn: Connection,
     table: str,
@@ -123,7 +142,10 @@ def _append(
     condition on the new row `r` that skips it."""
     if not rows:
         return
-    data = pa.Table.from_pydict({name: [row[i] for row in rows] for i, name in enumerate(columns)})
+    schema = _arrow_schema(conn, table, columns)
+    arrays = [pa.array([row[i] for row in rows], type=field_.type) for i, field_ in
+              enumerate(schema)]  # fmt: skip
+    data = pa.Table.from_arrays(arrays, schema=schema)
     with _views_lock:
         view = f"_shadow_rows_{next(_views)}"
     duck = _duck(conn)
@@ -184,9 +206,6 @@ class ServiceStore:
             _append(conn, "engine_steps", STEP_COLUMNS, batch.steps)
             _append(conn, "progress_latest", PROGRESS_COLUMNS, list(batch.progress.values()))
             _append(conn, "engine_samples", SAMPLE_COLUMNS, batch.samples)
-            self._set_state(conn, "next_ingest_id", next_ingest_id)
-            for (fleet, source), high in batch.seq_high.items():
-                self._set_state(conn, f"seq_high:{fleet}:{source}", high)
             _append(
                 conn, "decisions", DECISION_COLUMNS, [_decision_row(i, d) for i, d in decisions]
             )
@@ -203,7 +222,10 @@ class ServiceStore:
                 # request's highest progress is kept), so a later one can raise it again.
                 unless=_INCIDENT_STORED,
             )
-            self._set_state(conn, "applied_through", applied_through)
+            counters = [("next_ingest_id", next_ingest_id), ("applied_through", applied_through)]
+            counters += [(f"seq_high:{fleet}:{source}", high)
+                         for (fleet, source), high in batch.seq_high.items()]  # fmt: skip
+            _append(conn, "ingest_state", STATE_COLUMNS, counters)
 
     def drop_derived_after(self, applied_through: int) -> None:
         """Forget derived rows of events after the checkpoint (they are re-derived),
@@ -277,13 +299,6 @@ class ServiceStore:
                     "reason": fit.reason,
                 },
             )
-
-    @staticmethod
-    def _set_state(conn: Connection, name: str, value: int) -> None:
-        conn.execute(
-            text("INSERT OR REPLACE INTO ingest_state VALUES (:name, :value)"),
-            {"name": name, "value": value},
-        )
 
     # -- reads ----------------------------------------------------------------------
 

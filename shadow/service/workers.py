@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from shadow.audit import AuditConfig, start_worker
 from shadow.invariants import InvariantConfig
+from shadow.service.gc_policy import tune_garbage_collector
 
 
 def exit_with_parent() -> None:
@@ -29,6 +30,12 @@ def exit_with_parent() -> None:
 def _audit_init(config: AuditConfig, invariants: InvariantConfig | None, sweep: float) -> None:
     exit_with_parent()
     start_worker(config, invariants, sweep)
+    tune_garbage_collector()
+
+
+def _window_init() -> None:
+    exit_with_parent()
+    tune_garbage_collector()
 
 
 def audit_worker(
@@ -47,5 +54,5 @@ def audit_worker(
 def window_worker() -> ProcessPoolExecutor:
     """One process for window replays (pure functions of their specs)."""
     return ProcessPoolExecutor(
-        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent
+        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_window_init
     )
