@@ -624,7 +624,7 @@ def serve(
     import uvicorn
 
     from shadow.service.app import create_app
-    from shadow.service.gc_policy import tune_garbage_collector
+    from shadow.service.interpreter import tune_interpreter
     from shadow.service.runtime import DatabaseBusy, ensure_database_free
 
     settings = _settings(config, host=host, port=port, db=db)
@@ -651,7 +651,7 @@ def serve(
         )
     console.print("  Ctrl-C stops everything")
     service = create_app(settings)
-    tune_garbage_collector()
+    tune_interpreter()
     uvicorn.run(service, host=settings.host, port=settings.port, log_level="warning")
 
 
@@ -671,7 +671,7 @@ def ingest(
     from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
     from ingest.events import iter_file
-    from shadow.service.gc_policy import tune_garbage_collector
+    from shadow.service.interpreter import tune_interpreter
     from shadow.service.runtime import DatabaseBusy, Runtime
     from shadow.service.store import StorageError
 
@@ -684,7 +684,7 @@ def ingest(
         runtime = Runtime(settings)
     except (DatabaseBusy, StorageError) as error:
         raise fail(escape(str(error))) from None
-    tune_garbage_collector()
+    tune_interpreter()
     totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
     errors = []
     started = time.perf_counter()
@@ -938,6 +938,10 @@ def bench_load(
     )
     console.print(f"ingest latency per batch of {batch}: P50 {latency['p50']:.0f} ms, "
                   f"P99 {latency['p99']:.0f} ms, max {latency['max']:.0f} ms")  # fmt: skip
+    commits = report["commits"]
+    console.print(f"group commit: {commits['batches']:,.0f} batches in "
+                  f"{commits['transactions']:,.0f} transactions "
+                  f"({commits['batches_per_transaction']:.2f} per transaction)")  # fmt: skip
     console.print(f"stored: {report['stored']}; lost: {report['lost'] or 'none'}; "
                   f"duplicates: {report['duplicates']}")  # fmt: skip
     console.print(f"resident memory (server + audit worker): {rss['after_warmup']:,.0f} MiB "

@@ -106,6 +106,16 @@ def _rss_kib(pid: int) -> int:
     return total
 
 
+def _commit_counters(metrics: str) -> dict[str, float]:
+    """Group-commit counters from the service's /metrics text."""
+    out = {"transactions": 0.0, "batches": 0.0}
+    for line in metrics.splitlines():
+        for name in out:
+            if line.startswith(f"shadow_commit_{name}_total "):
+                out[name] = float(line.split()[1])
+    return out
+
+
 def run(
     *,
     rate: float = 40_000.0,
@@ -204,6 +214,7 @@ def run(
         wall = time.monotonic() - started
         with httpx.Client(base_url=server.url, timeout=120) as client:
             client.post("/v1/flush").raise_for_status()
+            commits = _commit_counters(client.get("/metrics").text)
     finally:
         server.stop()
     con = duckdb.connect(str(db), read_only=True)
@@ -254,6 +265,11 @@ def run(
             "stored_latest_rows": int(progress_rows),
         },
         "decisions_audited": int(decisions),
+        "commits": {
+            "transactions": commits["transactions"],
+            "batches": commits["batches"],
+            "batches_per_transaction": commits["batches"] / max(1, commits["transactions"]),
+        },
         "rss_mib": {
             "after_warmup": warm[0] / 1024 if warm else None,
             "end": rss[-1][1] / 1024 if rss else None,

@@ -91,6 +91,14 @@ class ServiceCollector(Collector):
         for bound, count in sorted(pipeline.bound_hits.items()):
             bounds.add_metric([bound], count)
         yield bounds
+        yield CounterMetricFamily(
+            "shadow_commit_transactions", "DuckDB transactions that made ingested batches "
+            "durable (batches that queue up share one).", value=pipeline.committer.transactions,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "shadow_commit_batches", "Batches committed (acknowledged only after).",
+            value=pipeline.committer.jobs,
+        )  # fmt: skip
         denied = CounterMetricFamily(
             "shadow_auth_denied", "Requests refused: 401 no or unknown token, 403 missing role.",
             labels=["status"],

@@ -33,6 +33,7 @@ from shadow.audit import AuditConfig, AuditFollower, AuditOutcome, Decision, run
 from shadow.fleet import FleetCore, StreamItem
 from shadow.invariants import InvariantConfig, Violation
 from shadow.mirror import NATURAL_FINISH
+from shadow.service.committer import CommitJob, GroupCommitter
 from shadow.service.store import EventBatch, ServiceStore
 from shadow.windows import WindowConfig, WindowResult, WindowTracker, evaluate_window
 from shadow.workload import StepModel
@@ -256,6 +257,8 @@ class Pipeline:
         #: Set when a commit failed after the batch was applied in memory; the owner must
         #: build a new pipeline from the database (`start`) before submitting more.
         self.broken = False
+        #: writes acknowledged batches in order, outside the lock (see `committer`)
+        self.committer = GroupCommitter(store.commit, on_failure=self._commit_failed)
         #: called with (fleet state, window result) after each stored window (the modes)
         self.on_window: Callable[[FleetState, WindowResult], None] | None = None
 
@@ -304,10 +307,17 @@ class Pipeline:
             self._forget_finished(stream)
             self._audit(stream)
             decisions, audited = self._collect_audits(wait=True)
-            self.store.commit(
+            self.committer.submit(
                 EventBatch(), self._next_id, decisions, violations + audited, self._checkpoint()
-            )
+            ).wait()
             return count
+
+    def close(self) -> None:
+        """Commit what is queued and stop the commit thread (after `drain`)."""
+        self.committer.close()
+
+    def _commit_failed(self, error: BaseException) -> None:
+        self.broken = True  # memory ran ahead of the database: rebuild before more
 
     # -- receipt --------------------------------------------------------------------
 
@@ -332,6 +342,7 @@ class Pipeline:
         """
         result = IngestResult(rejected=len(errors), errors=list(errors))
         self.rejected += len(errors)
+        job: CommitJob | None = None
         with self.lock:
             if self.broken:
                 raise RuntimeError(
@@ -398,13 +409,15 @@ class Pipeline:
                     if len(self._buffer) > self.config.limits.max_reorder_events:
                         self.bound_hits["reorder_buffer"] += 1
                         upto = self._max_ts  # apply what is held now rather than hold more
-                    self._release(upto, batch)
+                    job = self._release(upto, batch)
                     self._forget_finished_progress()
             except BaseException:
                 # the memory of seqs, ids and the mirror may have run ahead of the
                 # database: nothing more until it is rebuilt from there
                 self.broken = True
                 raise
+        if job is not None:
+            job.wait()  # acknowledged only once durable; the next batch already runs
         return result
 
     def _over_bound(self, event: Any) -> tuple[str, str, str] | None:
@@ -478,12 +491,13 @@ class Pipeline:
     def drain(self) -> None:
         """Apply everything buffered (end of a file, an idle stream, shutdown)."""
         with self.lock:
-            self._release(float("inf"))
+            self._wait(self._release(float("inf")))
             self.flush_audits()
 
-    def _release(self, upto: float, batch: EventBatch | None = None) -> None:
-        """Apply buffered events up to `upto`, then commit `batch` (the events being
-        acknowledged) with everything derived, in one transaction."""
+    def _release(self, upto: float, batch: EventBatch | None = None) -> CommitJob | None:
+        """Apply buffered events up to `upto`, then queue `batch` (the events being
+        acknowledged) with everything derived for one transaction; the caller waits for
+        it to commit (None: nothing to write)."""
         violations: list[tuple[int, Violation]] = []
         stream: list[StreamItem] = []
         applied = 0
@@ -509,20 +523,18 @@ class Pipeline:
         for state in self.fleets.values():
             if state.pending_samples:
                 self._check_samples(state, violations, batch)
+        job = None
         if batch or applied or decisions or violations:
-            try:
-                self.store.commit(
-                    batch,
-                    self._next_id,
-                    decisions,
-                    violations + audited,
-                    self._checkpoint(),
-                )
-            except BaseException:
-                self.broken = True  # memory ran ahead of the database: rebuild before more
-                raise
+            job = self.committer.submit(
+                batch, self._next_id, decisions, violations + audited, self._checkpoint()
+            )
         if applied and self.config.windows_enabled:
             self._schedule_windows()
+        return job
+
+    def _wait(self, job: CommitJob | None) -> None:
+        if job is not None:
+            job.wait()
 
     def _checkpoint(self) -> int:
         """The highest ingest id through which every event is applied and audited."""
@@ -579,9 +591,9 @@ class Pipeline:
         with self.lock:
             decisions, violations = self._collect_audits(wait=True)
             if decisions or violations:
-                self.store.commit(
+                self.committer.submit(
                     EventBatch(), self._next_id, decisions, violations, self._checkpoint()
-                )
+                ).wait()
 
     def _fleet(self, fleet: str) -> FleetState:
         state = self.fleets.get(fleet)
@@ -802,7 +814,7 @@ class Pipeline:
     def finish(self) -> None:
         """End of input: apply everything, close the open windows, evaluate what is due."""
         with self.lock:
-            self._release(float("inf"))
+            self._wait(self._release(float("inf")))
             self.flush_audits()
             if self.config.windows_enabled:
                 self._schedule_windows(close=True)

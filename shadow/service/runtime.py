@@ -79,6 +79,7 @@ class Runtime:
                 self.pipeline.drain()
                 self.pipeline.collect_windows(wait=True)
         finally:
+            self.pipeline.close()
             for executor in self._executors:
                 executor.shutdown(wait=True, cancel_futures=True)
             self.store.close()

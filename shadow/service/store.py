@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import itertools
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,10 +66,8 @@ _INCIDENT_STORED = (
     "AND v.worker IS NOT DISTINCT FROM r.worker "
     "AND v.request_id IS NOT DISTINCT FROM r.request_id)"
 )
-_views = itertools.count()
 #: (table, columns) -> Arrow schema; the tables' types are fixed by the migrations
 _schemas: dict[tuple[str, tuple[str, ...]], pa.Schema] = {}
-_views_lock = threading.Lock()
 
 
 class StorageError(RuntimeError):
@@ -130,6 +126,35 @@ def _arrow_schema(conn: Connection, table: str, columns: Sequence[str]) -> pa.Sc
     return schema
 
 
+def _staged_insert(
+    conn: Connection,
+    table: str,
+    columns: Sequence[str],
+    rows: Sequence[tuple],
+    *,
+    unless: str | None = None,
+) -> str | None:
+    """Register `rows` as an Arrow table on the connection and return the statement that
+    inserts them (None for no rows); `unless` is a condition on the new row `r` that
+    skips it.
+
+    The view has one name per table, replaced by the next batch, so nothing needs
+    unregistering: every DuckDB call costs GIL hand-overs (its Arrow scan is Python),
+    which a busy ingest thread makes milliseconds each.
+    """
+    if not rows:
+        return None
+    schema = _arrow_schema(conn, table, columns)
+    arrays = [pa.array([row[i] for row in rows], type=field_.type) for i, field_ in
+              enumerate(schema)]  # fmt: skip
+    view = f"_shadow_rows_{table}"
+    _duck(conn).register(view, pa.Table.from_arrays(arrays, schema=schema))
+    names = ", ".join(columns)
+    verb = "INSERT OR REPLACE" if table in UPSERT_TABLES else "INSERT"
+    where = f" WHERE NOT ({unless})" if unless else ""
+    return f"{verb} INTO {table} ({names}) SELECT {names} FROM {view} r{where}"
+
+
 def _append(
     conn: Connection,
     table: str,
@@ -138,25 +163,10 @@ def _append(
     *,
     unless: str | None = None,
 ) -> None:
-    """Append rows through a registered Arrow table (one columnar insert); `unless` is a
-    condition on the new row `r` that skips it."""
-    if not rows:
-        return
-    schema = _arrow_schema(conn, table, columns)
-    arrays = [pa.array([row[i] for row in rows], type=field_.type) for i, field_ in
-              enumerate(schema)]  # fmt: skip
-    data = pa.Table.from_arrays(arrays, schema=schema)
-    with _views_lock:
-        view = f"_shadow_rows_{next(_views)}"
-    duck = _duck(conn)
-    duck.register(view, data)
-    try:
-        names = ", ".join(columns)
-        verb = "INSERT OR REPLACE" if table in UPSERT_TABLES else "INSERT"
-        where = f" WHERE NOT ({unless})" if unless else ""
-        duck.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM {view} r{where}")
-    finally:
-        duck.unregister(view)
+    """Append rows through a registered Arrow table (one columnar insert)."""
+    statement = _staged_insert(conn, table, columns, rows, unless=unless)
+    if statement is not None:
+        _duck(conn).execute(statement)
 
 
 class ServiceStore:
@@ -201,31 +211,38 @@ class ServiceStore:
     ) -> None:
         """One transaction: the batch being acknowledged (with the id counter after it)
         and everything derived so far (with the checkpoint it reaches)."""
+        counters = [("next_ingest_id", next_ingest_id), ("applied_through", applied_through)]
+        counters += [(f"seq_high:{fleet}:{source}", high)
+                     for (fleet, source), high in batch.seq_high.items()]  # fmt: skip
         with self._writing() as conn:
-            _append(conn, "events", LIFECYCLE_COLUMNS, batch.lifecycle)
-            _append(conn, "engine_steps", STEP_COLUMNS, batch.steps)
-            _append(conn, "progress_latest", PROGRESS_COLUMNS, list(batch.progress.values()))
-            _append(conn, "engine_samples", SAMPLE_COLUMNS, batch.samples)
-            _append(
-                conn, "decisions", DECISION_COLUMNS, [_decision_row(i, d) for i, d in decisions]
-            )
-            _append(
-                conn,
-                "violations",
-                VIOLATION_COLUMNS,
-                [
-                    (i, v.fleet, v.kind, v.severity, v.worker, v.request_id, v.ts, v.detail)
-                    for i, v in violations
-                ],
-                # One row per incident. A restart re-derives what follows the checkpoint,
-                # and the event that raised an incident before it may be gone (only a
-                # request's highest progress is kept), so a later one can raise it again.
-                unless=_INCIDENT_STORED,
-            )
-            counters = [("next_ingest_id", next_ingest_id), ("applied_through", applied_through)]
-            counters += [(f"seq_high:{fleet}:{source}", high)
-                         for (fleet, source), high in batch.seq_high.items()]  # fmt: skip
-            _append(conn, "ingest_state", STATE_COLUMNS, counters)
+            staged = [
+                _staged_insert(conn, "events", LIFECYCLE_COLUMNS, batch.lifecycle),
+                _staged_insert(conn, "engine_steps", STEP_COLUMNS, batch.steps),
+                _staged_insert(
+                    conn, "progress_latest", PROGRESS_COLUMNS, list(batch.progress.values())
+                ),
+                _staged_insert(conn, "engine_samples", SAMPLE_COLUMNS, batch.samples),
+                _staged_insert(
+                    conn, "decisions", DECISION_COLUMNS, [_decision_row(i, d) for i, d in decisions]
+                ),
+                _staged_insert(
+                    conn,
+                    "violations",
+                    VIOLATION_COLUMNS,
+                    [
+                        (i, v.fleet, v.kind, v.severity, v.worker, v.request_id, v.ts, v.detail)
+                        for i, v in violations
+                    ],
+                    # One row per incident. A restart re-derives what follows the
+                    # checkpoint, and the event that raised an incident before it may be
+                    # gone (only a request's highest progress is kept), so a later one can
+                    # raise it again.
+                    unless=_INCIDENT_STORED,
+                ),
+                _staged_insert(conn, "ingest_state", STATE_COLUMNS, counters),
+            ]
+            # one call for every insert: see `_staged_insert`
+            _duck(conn).execute(";\n".join(sql for sql in staged if sql is not None))
 
     def drop_derived_after(self, applied_through: int) -> None:
         """Forget derived rows of events after the checkpoint (they are re-derived),

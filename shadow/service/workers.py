@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from shadow.audit import AuditConfig, start_worker
 from shadow.invariants import InvariantConfig
-from shadow.service.gc_policy import tune_garbage_collector
+from shadow.service.interpreter import tune_interpreter
 
 
 def exit_with_parent() -> None:
@@ -30,12 +30,12 @@ def exit_with_parent() -> None:
 def _audit_init(config: AuditConfig, invariants: InvariantConfig | None, sweep: float) -> None:
     exit_with_parent()
     start_worker(config, invariants, sweep)
-    tune_garbage_collector()
+    tune_interpreter()
 
 
 def _window_init() -> None:
     exit_with_parent()
-    tune_garbage_collector()
+    tune_interpreter()
 
 
 def audit_worker(

@@ -1,0 +1,159 @@
+"""Group commit: acknowledged batches are written by one thread, in the order they were
+applied, several to a transaction when they queue up.
+
+The ingest lock covers what must be serial (dedupe, the reorder window, the mirror);
+the DuckDB transaction that makes a batch durable does not need it. Handing the
+transaction to this thread frees the lock for the next batch while DuckDB writes (it
+releases the GIL while a statement runs), and batches that arrive while a transaction is
+open share the next one, so DuckDB's fixed cost per statement (about 0.3 ms, 3 ms for an
+upsert) is paid once for all of them. A batch is acknowledged only when the transaction
+that holds it has committed (`CommitJob.wait`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shadow.service.store import EventBatch
+
+#: (batch, next ingest id, decisions, violations, applied-through checkpoint)
+CommitFn = Callable[[EventBatch, int, Sequence[Any], Sequence[Any], int], None]
+
+
+@dataclass
+class CommitJob:
+    """One batch's rows and the counters after it; `wait` returns once it is durable."""
+
+    batch: EventBatch
+    next_ingest_id: int
+    decisions: Sequence[Any]
+    violations: Sequence[Any]
+    applied_through: int
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def wait(self) -> None:
+        """Block until the transaction holding this job ends; raise its failure."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+
+    def rows(self) -> int:
+        return len(self.batch) + len(self.decisions) + len(self.violations)
+
+
+def merge(jobs: Sequence[CommitJob]) -> CommitJob:
+    """One job holding every row of `jobs` (in order) and the counters of the last.
+
+    Later jobs win for the per-key rows, which is what committing them one after another
+    would leave: a request's progress and a source's highest seq only grow.
+    """
+    if len(jobs) == 1:
+        return jobs[0]
+    batch = EventBatch()
+    decisions: list[Any] = []
+    violations: list[Any] = []
+    for job in jobs:
+        batch.lifecycle += job.batch.lifecycle
+        batch.steps += job.batch.steps
+        batch.samples += job.batch.samples
+        batch.progress.update(job.batch.progress)
+        batch.seq_high.update(job.batch.seq_high)
+        decisions += job.decisions
+        violations += job.violations
+    last = jobs[-1]
+    return CommitJob(batch, last.next_ingest_id, decisions, violations, last.applied_through)
+
+
+class GroupCommitter:
+    """The one thread that commits acknowledged batches, in submission order.
+
+    After a failed commit every later job fails with the same error: the memory that
+    produced them ran ahead of the database, and only a restart from it is consistent.
+    """
+
+    def __init__(
+        self,
+        commit: CommitFn,
+        *,
+        max_group_rows: int = 100_000,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._commit = commit
+        self._max_group_rows = max_group_rows
+        self._on_failure = on_failure
+        self._queue: queue.SimpleQueue[CommitJob | None] = queue.SimpleQueue()
+        self.failed: BaseException | None = None
+        #: transactions committed and jobs they held, for the benchmark and /metrics
+        self.transactions = 0
+        self.jobs = 0
+        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        batch: EventBatch,
+        next_ingest_id: int,
+        decisions: Sequence[Any],
+        violations: Sequence[Any],
+        applied_through: int,
+    ) -> CommitJob:
+        """Queue a batch; the caller decides when to `wait` (outside its lock)."""
+        job = CommitJob(batch, next_ingest_id, decisions, violations, applied_through)
+        if not self._thread.is_alive():
+            job.error = RuntimeError("the group committer is closed")
+            job.done.set()
+            return job
+        self._queue.put(job)
+        return job
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                return
+            group = [first]
+            rows = first.rows()
+            while rows < self._max_group_rows:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                group.append(job)
+                rows += job.rows()
+            self._write(group)
+
+    def _write(self, group: list[CommitJob]) -> None:
+        if self.failed is None:
+            whole = merge(group)
+            try:
+                self._commit(
+                    whole.batch,
+                    whole.next_ingest_id,
+                    whole.decisions,
+                    whole.violations,
+                    whole.applied_through,
+                )
+                self.transactions += 1
+                self.jobs += len(group)
+            except BaseException as error:  # every job of the group, and all later, fail
+                self.failed = error
+                if self._on_failure is not None:
+                    self._on_failure(error)
+        for job in group:
+            job.error = self.failed
+            job.done.set()
