@@ -921,7 +921,11 @@ def bench_load(
     rate: Annotated[float, typer.Option(min=1, help="Target events per second.")] = 40_000.0,
     duration: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load.")] = 300.0,
     batch: Annotated[int, typer.Option(min=1, help="Events per POST.")] = 2000,
-    senders: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 2,
+    senders: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 4,
+    duckdb_memory_mb: Annotated[
+        int | None,
+        typer.Option(min=64, help="The server's DuckDB buffer pool (default: the setting's)."),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Sustained HTTP ingest at a fixed rate, audit on; checks every acknowledged event
@@ -929,6 +933,7 @@ def bench_load(
     from shadow.bench import load as bench
 
     report = bench.run(rate=rate, duration_s=duration, batch=batch, senders=senders,
+                       duckdb_memory_mb=duckdb_memory_mb,
                        note=lambda m: console.print(m))  # fmt: skip
     latency, rss = report["latency_ms"], report["rss_mib"]
     console.print(

@@ -26,13 +26,18 @@ from shadow.bench.ingest import record
 from shadow.service.process import ServerProcess
 
 SHIFTED = ("ts", "seq", "request_id", "step")
+PASS = b"\x00"  # where a batch template takes the pass number
 
 
-@dataclass
-class Template:
-    kind: str
-    line: str  # %-format with ts, seq, rid (suffix) and step offsets
-    request_id: str | None
+@dataclass(frozen=True)
+class BatchTemplate:
+    """One batch of a pass, with `PASS` where the pass number goes: rendering pass k is
+    one `bytes.replace`, so the load generator spends nanoseconds per event and the
+    cores go to the server."""
+
+    body: bytes
+    counts: dict[str, int]
+    progress_requests: frozenset[str]
 
 
 @dataclass
@@ -40,51 +45,53 @@ class Tally:
     """What the service acknowledged (a 200), by kind, and the request latencies."""
 
     events: dict[str, int] = field(default_factory=dict)
-    progress_requests: set[str] = field(default_factory=set)
+    #: (pass, batch index) of every acknowledged batch
+    batches_acked: list[tuple[int, int]] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
     failures: int = 0
     batches: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def templates(log: Path) -> tuple[list[Template], float, int, int]:
-    """Every line of `log` as a template; also the pass length in seconds, seqs, steps."""
-    out = []
-    last_ts, last_seq, last_step = 0.0, 0, 0
-    for raw in log.read_text().splitlines():
-        event = json.loads(raw)
-        last_ts = max(last_ts, event["ts"])
-        last_seq = max(last_seq, event.get("seq") or 0)
-        last_step = max(last_step, event.get("step", 0))
+def _digits(value: float) -> int:
+    return len(str(int(value)))
+
+
+def batch_templates(log: Path, batch: int) -> list[BatchTemplate]:
+    """The recorded log (workers left out: they join once) cut into batch templates.
+
+    Pass k (from 1) shifts by prefixing k to the zero-padded numbers: ts becomes
+    k * 10^d + ts with 10^d longer than the recording, seqs and steps likewise, and
+    request ids get a `~k` suffix, so every pass is a new, later stretch of the same
+    fleet (with an idle gap between passes).
+    """
+    events = [json.loads(raw) for raw in log.read_text().splitlines()]
+    width_ts = _digits(max(e["ts"] for e in events))
+    width_seq = _digits(max(e.get("seq") or 0 for e in events))
+    width_step = _digits(max(e.get("step", 0) for e in events))
+    lines: list[tuple[str, bytes, str | None]] = []
+    for event in events:
         if event["type"] == "worker":
-            continue  # workers join once, in the first pass
+            continue
         fields = {k: v for k, v in event.items() if k not in SHIFTED}
-        text = json.dumps(fields, separators=(",", ":"))[:-1].replace("%", "%%")
-        text += ',"ts":%(ts_' + repr(event["ts"]) + ')s,"seq":%(seq_' + str(event["seq"]) + ")s"
+        text = json.dumps(fields, separators=(",", ":"))[:-1]
+        text += (
+            f',"ts":\x00{event["ts"]:0{width_ts + 10}.9f},"seq":\x00{event["seq"]:0{width_seq}d}'
+        )
         if "request_id" in event:
-            text += ',"request_id":"' + event["request_id"] + '%(pass)s"'
+            text += ',"request_id":' + json.dumps(event["request_id"] + "~")[:-1] + '\x00"'
         if "step" in event:
-            text += ',"step":%(step_' + str(event["step"]) + ")s"
-        out.append(Template(event["type"], text + "}\n", event.get("request_id")))
-    return out, last_ts + 1.0, last_seq, last_step + 1
-
-
-class _Shifted(dict):
-    """`%(ts_1.5)s` -> the shifted value: per pass, the offsets are all a template needs."""
-
-    def __init__(self, k: int, period: float, seqs: int, steps: int) -> None:
-        super().__init__()
-        self.k, self.period, self.seqs, self.steps = k, period, seqs, steps
-
-    def __missing__(self, key: str) -> str:
-        name, _, value = key.partition("_")
-        if key == "pass":
-            return f"~{self.k}"
-        if name == "ts":
-            return repr(float(value) + self.k * self.period)
-        if name == "seq":
-            return str(int(value) + self.k * self.seqs)
-        return str(int(value) + self.k * self.steps)
+            text += f',"step":\x00{event["step"]:0{width_step}d}'
+        lines.append((event["type"], (text + "}\n").encode(), event.get("request_id")))
+    out = []
+    for start in range(0, len(lines), batch):
+        chunk = lines[start : start + batch]
+        counts: dict[str, int] = {}
+        for kind, _, _ in chunk:
+            counts[kind] = counts.get(kind, 0) + 1
+        progress = frozenset(rid for kind, _, rid in chunk if kind == "progress" and rid)
+        out.append(BatchTemplate(b"".join(line for _, line, _ in chunk), counts, progress))
+    return out
 
 
 def _rss_kib(pid: int) -> int:
@@ -106,6 +113,14 @@ def _rss_kib(pid: int) -> int:
     return total
 
 
+def _progress_requests(templates: list[BatchTemplate], acked: list[tuple[int, int]]) -> int:
+    """Distinct requests with an acknowledged progress event (a request id per pass)."""
+    by_pass: dict[int, set[str]] = {}
+    for k, i in acked:
+        by_pass.setdefault(k, set()).update(templates[i].progress_requests)
+    return sum(len(requests) for requests in by_pass.values())
+
+
 def _commit_counters(metrics: str) -> dict[str, float]:
     """Group-commit counters from the service's /metrics text."""
     out = {"transactions": 0.0, "batches": 0.0}
@@ -121,8 +136,9 @@ def run(
     rate: float = 40_000.0,
     duration_s: float = 300.0,
     batch: int = 2000,
-    senders: int = 2,
+    senders: int = 4,
     requests: int = 10_000,
+    duckdb_memory_mb: int | None = None,
     workdir: Path | None = None,
     note=print,
 ) -> dict[str, Any]:
@@ -131,35 +147,31 @@ def run(
     root = Path(workdir or tempfile.mkdtemp(prefix="shadow-load-"))
     root.mkdir(parents=True, exist_ok=True)
     recording = record(root, requests)
-    lines, period, seqs, steps = templates(recording.log)
+    templates = batch_templates(recording.log, batch)
     workers = [raw for raw in recording.log.read_text().splitlines() if '"worker"' in raw[:20]]
-    note(f"template: {len(lines):,} events per pass, {period:.0f} s of fleet time")
+    per_pass = sum(sum(t.counts.values()) for t in templates)
+    note(f"template: {per_pass:,} events per pass in {len(templates):,} batches of {batch:,}, "
+         f"{recording.fleet_seconds:.0f} s of fleet time")  # fmt: skip
     db = root / "load.duckdb"
     for stale in root.glob("load.duckdb*"):
         stale.unlink()
     config = root / "load.toml"
-    config.write_text("windows = false\n")
+    settings = "windows = false\n"
+    if duckdb_memory_mb is not None:
+        settings += f"duckdb_memory_mb = {int(duckdb_memory_mb)}\n"
+    config.write_text(settings)
     server = ServerProcess(db, config).start()
     tally = Tally()
     stop_at = time.monotonic() + duration_s
     rss: list[tuple[float, int]] = []
-    cursor = {"k": 0, "i": 0}
+    cursor = {"k": 1, "i": 0}
     cursor_lock = threading.Lock()
 
-    def next_batch() -> tuple[bytes, dict[str, int], set[str]]:
+    def next_batch() -> tuple[int, int, bytes]:
         with cursor_lock:
             k, i = cursor["k"], cursor["i"]
-            end = min(i + batch, len(lines))
-            cursor["k"], cursor["i"] = (k + 1, 0) if end == len(lines) else (k, end)
-        values = _Shifted(k, period, seqs, steps)
-        chunk = lines[i:end]
-        counts: dict[str, int] = {}
-        progress: set[str] = set()
-        for t in chunk:
-            counts[t.kind] = counts.get(t.kind, 0) + 1
-            if t.kind == "progress":
-                progress.add(f"{t.request_id}~{k}")
-        return "".join(t.line % values for t in chunk).encode(), counts, progress
+            cursor["k"], cursor["i"] = (k + 1, 0) if i + 1 == len(templates) else (k, i + 1)
+        return k, i, templates[i].body.replace(PASS, str(k).encode())
 
     def sender(index: int) -> None:
         interval = batch * senders / rate
@@ -172,7 +184,7 @@ def run(
                 if now < due:
                     time.sleep(due - now)
                 due += interval
-                body, counts, progress = next_batch()
+                k, i, body = next_batch()
                 started = time.perf_counter()
                 try:
                     response = client.post(
@@ -189,9 +201,9 @@ def run(
                     if not ok:
                         tally.failures += 1
                         continue
-                    for kind, n in counts.items():
+                    for kind, n in templates[i].counts.items():
                         tally.events[kind] = tally.events.get(kind, 0) + n
-                    tally.progress_requests |= progress
+                    tally.batches_acked.append((k, i))
 
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client:
@@ -261,7 +273,7 @@ def run(
         "duplicates": int(duplicates),
         "progress": {
             "acknowledged_events": acked_progress,
-            "requests": len(tally.progress_requests),
+            "requests": _progress_requests(templates, tally.batches_acked),
             "stored_latest_rows": int(progress_rows),
         },
         "decisions_audited": int(decisions),

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -160,6 +161,11 @@ def _service_url(settings: ServiceSettings) -> str:
 
 def create_app(settings: ServiceSettings) -> FastAPI:
     state: dict[str, Any] = {"last_submit": 0.0}
+    # One batch parsed and applied at a time. Both are pure Python, so parallel batches
+    # only fight over the GIL, and mostly with the commit thread, whose DuckDB calls take
+    # the GIL back many times a statement: with a single contender the commits keep up
+    # (4 clients at 2,000-event batches: 37,500-38,700 events/s against 30,000-36,500).
+    ingest_turn = threading.Lock()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -318,10 +324,14 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             raise HTTPException(503, "ingest stopped after a storage failure; restart the service")
 
         def work() -> dict[str, Any] | None:
-            events, errors = parse_body(bytes(body), request.headers.get("content-type"))
-            if len(events) + len(errors) > settings.max_batch_events:
-                return None
-            return pipeline.submit(events, errors).as_json()
+            with ingest_turn:
+                events, errors = parse_body(bytes(body), request.headers.get("content-type"))
+                if len(events) + len(errors) > settings.max_batch_events:
+                    return None
+                result, job = pipeline.enqueue(events, errors)
+            if job is not None:
+                job.wait()  # acknowledged once durable, while the next batch is applied
+            return result.as_json()
 
         try:
             result = await run_in_threadpool(work)

@@ -18,13 +18,12 @@ in `bench`-style isolation; at 0.5 ms it takes 15 ms.
 from __future__ import annotations
 
 import gc
-import os
 import sys
 
 #: allocations between young collections: about ten 2,000-event batches of parsing
 YOUNG_THRESHOLD = 20_000
 #: seconds a thread may hold the GIL while another waits for it
-SWITCH_INTERVAL_S = float(os.environ.get("SHADOW_SWITCH_INTERVAL", "0.0005"))
+SWITCH_INTERVAL_S = 0.0005
 
 
 def tune_interpreter() -> None:

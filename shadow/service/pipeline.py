@@ -340,6 +340,16 @@ class Pipeline:
 
         Returns once the batch is committed: what it counts as accepted is acknowledged.
         """
+        result, job = self.enqueue(events, errors)
+        if job is not None:
+            job.wait()  # acknowledged only once durable; the next batch already runs
+        return result
+
+    def enqueue(
+        self, events: Iterable[tuple[int, Any]], errors: Sequence[EventError] = ()
+    ) -> tuple[IngestResult, CommitJob | None]:
+        """`submit` without the wait: the batch is applied and queued for commit; it is
+        acknowledged once the returned job's `wait` returns (None: nothing to store)."""
         result = IngestResult(rejected=len(errors), errors=list(errors))
         self.rejected += len(errors)
         job: CommitJob | None = None
@@ -416,9 +426,7 @@ class Pipeline:
                 # database: nothing more until it is rebuilt from there
                 self.broken = True
                 raise
-        if job is not None:
-            job.wait()  # acknowledged only once durable; the next batch already runs
-        return result
+        return result, job
 
     def _over_bound(self, event: Any) -> tuple[str, str, str] | None:
         """(bound, field, message) when admitting `event` would pass a bound."""

@@ -145,8 +145,8 @@ def _staged_insert(
     if not rows:
         return None
     schema = _arrow_schema(conn, table, columns)
-    arrays = [pa.array([row[i] for row in rows], type=field_.type) for i, field_ in
-              enumerate(schema)]  # fmt: skip
+    arrays = [pa.array(column, type=field_.type) for column, field_ in
+              zip(zip(*rows, strict=True), schema, strict=True)]  # fmt: skip
     view = f"_shadow_rows_{table}"
     _duck(conn).register(view, pa.Table.from_arrays(arrays, schema=schema))
     names = ", ".join(columns)
