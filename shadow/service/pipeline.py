@@ -34,6 +34,7 @@ from shadow.fleet import FleetCore, StreamItem
 from shadow.invariants import InvariantConfig, Violation
 from shadow.mirror import NATURAL_FINISH
 from shadow.service.committer import CommitJob, GroupCommitter
+from shadow.service.seen import RecentInts
 from shadow.service.store import EventBatch, ServiceStore
 from shadow.windows import WindowConfig, WindowResult, WindowTracker, evaluate_window
 from shadow.workload import StepModel
@@ -95,48 +96,6 @@ class IngestResult:
                 for e in self.errors[:error_limit]
             ],
         }
-
-
-class _RecentInts:
-    """Integers seen (seqs, steps), exact within `window` of the highest.
-
-    Sources count up, so it keeps the highest value and the gaps below it rather than
-    every value: the common case is one comparison and no set operation.
-    """
-
-    __slots__ = ("gaps", "high", "restored_high", "window")
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.high = -1
-        self.gaps: set[int] = set()
-        #: the highest value before a restart (`seed`); -1 without one
-        self.restored_high = -1
-
-    def add(self, value: int) -> bool:
-        """Record `value`; False when it was seen (or is too old to tell, so presumed)."""
-        high = self.high
-        if value == high + 1:
-            self.high = value
-            return True
-        if value > high:
-            floor = max(high + 1, value - self.window)
-            self.gaps.update(range(floor, value))
-            self.high = value
-            if len(self.gaps) > self.window:
-                self.gaps = {v for v in self.gaps if v > value - self.window}
-            return True
-        if value in self.gaps:
-            self.gaps.discard(value)
-            return True
-        return False
-
-    def seed(self, values: set[int]) -> None:
-        """Restore from stored values: everything below the lowest counts as seen."""
-        if values:
-            low, self.high = min(values), max(values)
-            self.gaps = set(range(low, self.high + 1)) - values
-            self.restored_high = self.high
 
 
 class _ReorderBuffer:
@@ -240,10 +199,8 @@ class Pipeline:
         self._max_ts = float("-inf")
         self._last_applied: tuple[float, int] = (float("-inf"), -1)
         self._next_id = 1
-        self._seqs: dict[tuple[str, str], _RecentInts] = {}
-        self._last_source: tuple[str, str] | None = None
-        self._last_memory: _RecentInts | None = None
-        self._steps_seen: dict[tuple[str, str], _RecentInts] = {}
+        self._seqs: dict[tuple[str, str], RecentInts] = {}
+        self._steps_seen: dict[tuple[str, str], RecentInts] = {}
         self._progress_seen: dict[tuple[str, str], int] = {}
         self._pending_windows: list[tuple[FleetState, Future[WindowResult]]] = []
         self.windows_evaluated = 0
@@ -321,16 +278,16 @@ class Pipeline:
 
     # -- receipt --------------------------------------------------------------------
 
-    def _seq_memory(self, fleet: str, source: str) -> _RecentInts:
+    def _seq_memory(self, fleet: str, source: str) -> RecentInts:
         memory = self._seqs.get((fleet, source))
         if memory is None:
-            memory = self._seqs[(fleet, source)] = _RecentInts(self.config.seq_window)
+            memory = self._seqs[(fleet, source)] = RecentInts(self.config.seq_window)
         return memory
 
-    def _steps_memory(self, fleet: str, worker: str) -> _RecentInts:
+    def _steps_memory(self, fleet: str, worker: str) -> RecentInts:
         memory = self._steps_seen.get((fleet, worker))
         if memory is None:
-            memory = self._steps_seen[(fleet, worker)] = _RecentInts(100_000)
+            memory = self._steps_seen[(fleet, worker)] = RecentInts(100_000)
         return memory
 
     def submit(
