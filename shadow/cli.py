@@ -946,7 +946,8 @@ def bench_load(
     commits = report["commits"]
     console.print(f"group commit: {commits['batches']:,.0f} batches in "
                   f"{commits['transactions']:,.0f} transactions "
-                  f"({commits['batches_per_transaction']:.2f} per transaction)")  # fmt: skip
+                  f"({commits['batches_per_transaction']:.2f} per transaction), the commit "
+                  f"thread busy {commits['busy_fraction']:.0%} of the time")  # fmt: skip
     console.print(f"stored: {report['stored']}; lost: {report['lost'] or 'none'}; "
                   f"duplicates: {report['duplicates']}")  # fmt: skip
     console.print(f"resident memory (server + audit worker): {rss['after_warmup']:,.0f} MiB "

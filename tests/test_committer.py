@@ -99,3 +99,43 @@ def test_merge_of_one_job_is_that_job():
     job.wait()
     committer.close()
     assert merge([job]) is job
+
+
+def test_maintenance_runs_between_transactions_and_at_close_and_never_fails_a_commit():
+    recorder = Recorder()
+    runs: list[int] = []
+
+    def maintain() -> None:
+        runs.append(len(recorder.calls))
+        if len(runs) == 1:
+            raise OSError("compaction hit a full disk")  # logged, retried later
+
+    committer = GroupCommitter(recorder, maintain=maintain, maintain_every_s=0.0)
+    for n in range(1, 4):
+        committer.submit(_batch(n, n), n + 1, [], [], n).wait()
+    committer.close()
+    assert runs[:3] == [1, 2, 3] and len(runs) == 4  # after each transaction, and at close
+    assert committer.failed is None and len(recorder.calls) == 3
+
+
+def test_progress_log_folds_into_latest_and_readers_see_both(tmp_path):
+    from shadow.service.store import LATEST_PROGRESS, ServiceStore
+
+    store = ServiceStore(tmp_path / "p.duckdb")
+    try:
+        for generated, ingest_id in ((5, 1), (9, 2)):
+            batch = EventBatch()
+            batch.progress[("f", "r1")] = ("f", "r1", generated, float(ingest_id), ingest_id)
+            store.commit(batch, ingest_id + 1, [], [], ingest_id)
+        latest = f"SELECT request_id, generated, ingest_id FROM {LATEST_PROGRESS}"
+        assert store.query(latest) == [{"request_id": "r1", "generated": 9, "ingest_id": 2}]
+        assert store.compact_progress() == 2
+        assert store.query("SELECT count(*) AS n FROM progress_log") == [{"n": 0}]
+        stale = EventBatch()  # a lower value in the log never lowers the folded one
+        stale.progress[("f", "r1")] = ("f", "r1", 3, 3.0, 3)
+        store.commit(stale, 4, [], [], 3)
+        store.compact_progress()
+        assert store.query(latest) == [{"request_id": "r1", "generated": 9, "ingest_id": 2}]
+        assert store.query("SELECT generated FROM progress_latest") == [{"generated": 9}]
+    finally:
+        store.close()

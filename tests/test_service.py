@@ -48,6 +48,7 @@ def test_file_ingest_stores_every_lifecycle_event_and_step(recorded, file_ingest
     assert np.array_equal(loads, result.worker_load)
     progress = store.query("SELECT count(*) AS n, min(generated) AS low FROM progress_latest")[0]
     assert progress["n"] == REQUESTS  # the latest cumulative progress per request only
+    assert store.query("SELECT count(*) AS n FROM progress_log")[0]["n"] == 0  # folded at close
 
 
 def test_file_ingest_has_no_violations_and_a_full_audit(file_ingest):

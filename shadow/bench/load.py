@@ -24,6 +24,7 @@ import httpx
 
 from shadow.bench.ingest import record
 from shadow.service.process import ServerProcess
+from shadow.service.store import LATEST_PROGRESS
 
 SHIFTED = ("ts", "seq", "request_id", "step")
 PASS = b"\x00"  # where a batch template takes the pass number
@@ -123,7 +124,7 @@ def _progress_requests(templates: list[BatchTemplate], acked: list[tuple[int, in
 
 def _commit_counters(metrics: str) -> dict[str, float]:
     """Group-commit counters from the service's /metrics text."""
-    out = {"transactions": 0.0, "batches": 0.0}
+    out = {"transactions": 0.0, "batches": 0.0, "seconds": 0.0}
     for line in metrics.splitlines():
         for name in out:
             if line.startswith(f"shadow_commit_{name}_total "):
@@ -243,7 +244,7 @@ def run(
             "FROM events) + (SELECT count(*) FROM engine_steps) - (SELECT count(DISTINCT "
             "(source, seq)) FROM engine_steps)"
         ).fetchone()[0]
-        progress_rows = con.execute("SELECT count(*) FROM progress_latest").fetchone()[0]
+        progress_rows = con.execute(f"SELECT count(*) FROM {LATEST_PROGRESS}").fetchone()[0]
         decisions = con.execute("SELECT count(*) FROM decisions").fetchone()[0]
     finally:
         con.close()
@@ -281,6 +282,7 @@ def run(
             "transactions": commits["transactions"],
             "batches": commits["batches"],
             "batches_per_transaction": commits["batches"] / max(1, commits["transactions"]),
+            "busy_fraction": commits["seconds"] / wall,
         },
         "rss_mib": {
             "after_warmup": warm[0] / 1024 if warm else None,

@@ -12,13 +12,17 @@ that holds it has committed (`CommitJob.wait`).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shadow.service.store import EventBatch
+
+log = logging.getLogger(__name__)
 
 #: (batch, next ingest id, decisions, violations, applied-through checkpoint)
 CommitFn = Callable[[EventBatch, int, Sequence[Any], Sequence[Any], int], None]
@@ -82,8 +86,16 @@ class GroupCommitter:
         *,
         max_group_rows: int = 100_000,
         on_failure: Callable[[BaseException], None] | None = None,
+        maintain: Callable[[], object] | None = None,
+        maintain_every_s: float = 5.0,
     ) -> None:
+        """`maintain` runs on this thread between transactions every `maintain_every_s`
+        and once at `close` (the store's compaction); its failures are logged, not fatal:
+        it only tidies what is already durable."""
         self._commit = commit
+        self._maintain = maintain
+        self._maintain_every_s = maintain_every_s
+        self._maintained_at = time.monotonic()
         self._max_group_rows = max_group_rows
         self._on_failure = on_failure
         self._queue: queue.SimpleQueue[CommitJob | None] = queue.SimpleQueue()
@@ -91,6 +103,9 @@ class GroupCommitter:
         #: transactions committed and jobs they held, for the benchmark and /metrics
         self.transactions = 0
         self.jobs = 0
+        #: seconds spent in transactions (busy / wall time: how close commits are to the
+        #: ingest rate's limit)
+        self.busy_s = 0.0
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
@@ -118,6 +133,22 @@ class GroupCommitter:
             self._thread.join()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            if self.failed is None:
+                self._tidy()
+
+    def _tidy(self) -> None:
+        self._maintained_at = time.monotonic()
+        if self._maintain is None:
+            return
+        try:
+            self._maintain()
+        except Exception:  # what it tidies is already durable: try again next time
+            log.warning("store maintenance failed; retried later", exc_info=True)
+
+    def _serve(self) -> None:
         stopping = False
         while not stopping:
             first = self._queue.get()
@@ -136,10 +167,13 @@ class GroupCommitter:
                 group.append(job)
                 rows += job.rows()
             self._write(group)
+            if time.monotonic() - self._maintained_at >= self._maintain_every_s:
+                self._tidy()
 
     def _write(self, group: list[CommitJob]) -> None:
         if self.failed is None:
             whole = merge(group)
+            started = time.perf_counter()
             try:
                 self._commit(
                     whole.batch,
@@ -150,6 +184,7 @@ class GroupCommitter:
                 )
                 self.transactions += 1
                 self.jobs += len(group)
+                self.busy_s += time.perf_counter() - started
             except BaseException as error:  # every job of the group, and all later, fail
                 self.failed = error
                 if self._on_failure is not None:

@@ -99,6 +99,10 @@ class ServiceCollector(Collector):
             "shadow_commit_batches", "Batches committed (acknowledged only after).",
             value=pipeline.committer.jobs,
         )  # fmt: skip
+        yield CounterMetricFamily(
+            "shadow_commit_seconds", "Time spent in those transactions (its rate near 1: "
+            "commits limit the ingest rate).", value=pipeline.committer.busy_s,
+        )  # fmt: skip
         denied = CounterMetricFamily(
             "shadow_auth_denied", "Requests refused: 401 no or unknown token, 403 missing role.",
             labels=["status"],

@@ -44,6 +44,8 @@ ORDER = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4, 
 LIFECYCLE = frozenset({"worker", "ready", "dispatch", "finish"})
 MAX_PENDING_SAMPLES = 1000
 STEP_SAMPLES_KEPT = 50_000  # the last ~6,000 steps of an 8-worker fleet
+#: how often the progress log is folded into `progress_latest` (see migration 0008)
+PROGRESS_FOLD_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,12 @@ class Pipeline:
         #: build a new pipeline from the database (`start`) before submitting more.
         self.broken = False
         #: writes acknowledged batches in order, outside the lock (see `committer`)
-        self.committer = GroupCommitter(store.commit, on_failure=self._commit_failed)
+        self.committer = GroupCommitter(
+            store.commit,
+            on_failure=self._commit_failed,
+            maintain=store.compact_progress,
+            maintain_every_s=PROGRESS_FOLD_EVERY_S,
+        )
         #: called with (fleet state, window result) after each stored window (the modes)
         self.on_window: Callable[[FleetState, WindowResult], None] | None = None
 
@@ -224,6 +231,7 @@ class Pipeline:
     def start(self) -> int:
         """Rebuild state from the database; returns how many stored events were applied."""
         with self.lock:
+            self.store.compact_progress()
             applied_through = self.store.state("applied_through", 0)
             self._next_id = self.store.state("next_ingest_id", 1)
             self.store.drop_derived_after(applied_through)

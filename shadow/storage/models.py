@@ -200,6 +200,20 @@ class ProgressLatest(Base):
     ingest_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
 
+class ProgressLogRow(Base):
+    """Progress as it arrives, folded into `progress_latest` every few seconds."""
+
+    __tablename__ = "progress_log"
+
+    fleet: Mapped[str] = mapped_column(Text, nullable=False)
+    request_id: Mapped[str] = mapped_column(Text, nullable=False)
+    generated: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    ts: Mapped[float] = mapped_column(Double, nullable=False)
+    ingest_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+    __mapper_args__ = {"primary_key": [ingest_id]}  # noqa: RUF012
+
+
 class EngineStepRow(Base):
     """One decode step of one worker (`engine_step`), the per-step per-worker aggregate."""
 
