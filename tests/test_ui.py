@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,8 @@ import httpx
 import pytest
 from playwright import sync_api
 
-from shadow.bench.ui import CHROMIUM_ARGS
+from shadow.bench.ui import PAGES as BENCH_PAGES
+from shadow.bench.ui import find_chromium
 from shadow.service.process import ServerProcess
 
 expect = sync_api.expect
@@ -30,18 +30,8 @@ expect = sync_api.expect
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 FLEET = "default"
-CHROMIUM = next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
-ARGS = CHROMIUM_ARGS
-PAGES = {
-    "overview": "/",
-    "compare": "/compare",
-    "decisions": "/decisions",
-    "integrity": "/integrity",
-    "gate": "/gate",
-    "replays": "/replays?runs=1,2",
-}
+CHROMIUM = find_chromium()
+PAGES = {**BENCH_PAGES, "replays": "/replays?runs=1,2"}  # the two replays the fixture stores
 XSS_ID = '<img src=x onerror="window.__xss=1">'
 XSS_WORKER = "<svg onload=window.__xss2=1>"
 XSS_GHOST = "<img src=y onerror=window.__xss3=1>"  # dispatched never ready: a violation
@@ -102,22 +92,6 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
-
-
-@pytest.fixture(scope="module")
-def api(server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    if CHROMIUM is None:
-        pytest.fail("the UI tests need Debian's Chromium: apt-get install chromium (.ci/run does)")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield browser
-        browser.close()
 
 
 class Watched:

@@ -15,10 +15,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from playwright import sync_api
 
 from shadow.service.process import ServerProcess
-from tests.test_ui import ARGS, ARTIFACTS, CHROMIUM, REPO, Watched
+from tests.test_ui import ARTIFACTS, CHROMIUM, REPO, Watched
 
 SWEEP = "ui-grid"
 BETAS, GAMMAS = (5.0, 100.0), (0.5, 0.95)
@@ -49,20 +48,6 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
-
-
-@pytest.fixture(scope="module")
-def api(server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

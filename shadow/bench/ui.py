@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -54,10 +55,24 @@ COUNTED = ("decisions", "windows", "window_metrics", "window_trajectories", "vio
            "events", "engine_steps")  # fmt: skip
 COUNTED = ("decisions", "windows", "window_metrics", "window_trajectories", "violations",
            "events", "engine_steps")  # fmt: skip
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]  # fmt: skip
+
+
+def find_chromium() -> str | None:
+    """Debian's Chromium (or another Chromium-family browser on PATH); None without one."""
+    return next((path for path in map(shutil.which, CHROMIUM_NAMES) if path), None)
+
+
+def launch_chromium(playwright: Any) -> Any:
+    """Headless Chromium with the flags the benchmark and the UI tests share."""
+    executable = find_chromium()
+    if executable is None:
+        raise RuntimeError("no Chromium on PATH: apt-get install chromium (.ci/run does)")
+    return playwright.chromium.launch(executable_path=executable, headless=True,
+                                      args=CHROMIUM_ARGS)  # fmt: skip
 
 
 def build_day(
@@ -170,7 +185,7 @@ def measure(db: Path, *, repeats: int = 3, note: Callable[[str], None] = print) 
                 api[name] = {"median_ms": statistics.median(times), "max_ms": max(times),
                              "bytes": len(response.content)}  # fmt: skip
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            browser = launch_chromium(p)
             try:
                 page = browser.new_page(viewport={"width": 1440, "height": 900})
                 for name, path in PAGES.items():
