@@ -2,8 +2,8 @@
 
 The stream is a recorded 8-worker JSQ run (`paper-azure2024`) played over and over, each
 pass shifted in time with fresh request ids, seqs and step numbers, so the service sees
-one long, valid, ever-advancing fleet. Lines are pre-rendered as %-templates, so the
-sender spends about a microsecond per event and the cores go to the server. Senders pace
+one long, valid, ever-advancing fleet. Batches are pre-rendered templates (one
+`bytes.replace` a batch, see `BatchTemplate`), so the cores go to the server. Senders pace
 batches to the target rate; the test stops by itself after `duration_s`. Afterwards the
 database is opened and every acknowledged event is counted: stored exactly once.
 """
@@ -58,8 +58,9 @@ def _digits(value: float) -> int:
     return len(str(int(value)))
 
 
-def batch_templates(log: Path, batch: int) -> list[BatchTemplate]:
-    """The recorded log (workers left out: they join once) cut into batch templates.
+def batch_templates(log: Path, batch: int) -> tuple[list[BatchTemplate], bytes]:
+    """The recorded log cut into batch templates, and its worker events (they join once,
+    before the first pass) as one NDJSON body.
 
     Pass k (from 1) shifts by prefixing k to the zero-padded numbers: ts becomes
     k * 10^d + ts with 10^d longer than the recording, seqs and steps likewise, and
@@ -71,6 +72,7 @@ def batch_templates(log: Path, batch: int) -> list[BatchTemplate]:
     width_seq = _digits(max(e.get("seq") or 0 for e in events))
     width_step = _digits(max(e.get("step", 0) for e in events))
     lines: list[tuple[str, bytes, str | None]] = []
+    workers = [json.dumps(event) for event in events if event["type"] == "worker"]
     for event in events:
         if event["type"] == "worker":
             continue
@@ -92,7 +94,7 @@ def batch_templates(log: Path, batch: int) -> list[BatchTemplate]:
             counts[kind] = counts.get(kind, 0) + 1
         progress = frozenset(rid for kind, _, rid in chunk if kind == "progress" and rid)
         out.append(BatchTemplate(b"".join(line for _, line, _ in chunk), counts, progress))
-    return out
+    return out, "\n".join(workers).encode()
 
 
 def _rss_kib(pid: int) -> int:
@@ -148,8 +150,7 @@ def run(
     root = Path(workdir or tempfile.mkdtemp(prefix="shadow-load-"))
     root.mkdir(parents=True, exist_ok=True)
     recording = record(root, requests)
-    templates = batch_templates(recording.log, batch)
-    workers = [raw for raw in recording.log.read_text().splitlines() if '"worker"' in raw[:20]]
+    templates, workers = batch_templates(recording.log, batch)
     per_pass = sum(sum(t.counts.values()) for t in templates)
     note(f"template: {per_pass:,} events per pass in {len(templates):,} batches of {batch:,}, "
          f"{recording.fleet_seconds:.0f} s of fleet time")  # fmt: skip
@@ -208,7 +209,7 @@ def run(
 
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client:
-            client.post("/v1/events", content="\n".join(workers)).raise_for_status()
+            client.post("/v1/events", content=workers).raise_for_status()
         started = time.monotonic()
         threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
         for thread in threads:
