@@ -366,13 +366,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             "FROM events WHERE fleet = :fleet AND request_id = :request_id ORDER BY ts, ingest_id",
             params,
         )
-        progress = store.query(  # the higher of the compacted row and the log
-            "SELECT generated, ts FROM (SELECT generated, ts FROM progress_latest WHERE "
-            "fleet = :fleet AND request_id = :request_id UNION ALL SELECT generated, ts FROM "
-            "progress_log WHERE fleet = :fleet AND request_id = :request_id) "
-            "ORDER BY generated DESC LIMIT 1",
-            params,
-        )
+        progress = store.latest_progress(fleet, request_id)
         if not events and not progress:
             raise HTTPException(404, f"no request {request_id!r} in fleet {fleet!r}")
         return {

@@ -307,7 +307,7 @@ class Pipeline:
         """
         result, job = self.enqueue(events, errors)
         if job is not None:
-            job.wait()  # acknowledged only once durable; the next batch already runs
+            job.wait()  # acknowledged only once durable
         return result
 
     def enqueue(

@@ -426,6 +426,17 @@ class ServiceStore:
                 streams.append(rows)
         yield from heapq.merge(*streams, key=lambda r: r[:3])
 
+    def latest_progress(self, fleet: str, request_id: str) -> list[dict[str, Any]]:
+        """One request's latest progress (`generated`, `ts`): the higher of its folded
+        row and the log; empty when none was received."""
+        return self.query(
+            "SELECT generated, ts FROM (SELECT generated, ts FROM progress_latest WHERE "
+            "fleet = :fleet AND request_id = :request_id UNION ALL SELECT generated, ts FROM "
+            "progress_log WHERE fleet = :fleet AND request_id = :request_id) "
+            "ORDER BY generated DESC LIMIT 1",
+            {"fleet": fleet, "request_id": request_id},
+        )
+
     def recent_seqs(self, window: int) -> dict[tuple[str, str], set[int]]:
         """Per (fleet, source), the stored seqs within `window` of that source's highest."""
         out: dict[tuple[str, str], set[int]] = {}
