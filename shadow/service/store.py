@@ -1,8 +1,9 @@
 """Durable storage of the shadow service in DuckDB.
 
-Everything acknowledged is written before the acknowledgement, in one transaction per
-batch: lifecycle events and engine steps are appended through DuckDB's Arrow interface,
-the latest cumulative progress per request is upserted. Derived rows (decisions,
+Everything acknowledged is written before the acknowledgement, in one transaction (per
+batch, or per group of batches: `shadow.service.committer`): lifecycle events, engine
+steps and cumulative progress are appended through DuckDB's Arrow interface, progress to
+a log folded into one row per request every few seconds. Derived rows (decisions,
 violations) carry the `ingest_id` of the event that produced them and are written in one
 transaction with the checkpoint `applied_through`, so a restart re-derives exactly the
 tail after it.
@@ -52,8 +53,8 @@ DECISION_COLUMNS = (
 VIOLATION_COLUMNS = ("ingest_id", "fleet", "kind", "severity", "worker", "request_id", "ts",
                      "detail")  # fmt: skip
 
-#: Tables keyed by a primary key, where a row may be written again (restart, newer value).
 TRAJECTORY_COLUMNS = ("fleet", "window_index", "policy", "points", "workers", *TRAJECTORY_FIELDS)
+#: Tables keyed by a primary key, where a row may be written again (restart, newer value).
 UPSERT_TABLES = frozenset({"window_metrics", "window_trajectories", "ingest_state"})
 #: Every request's latest progress: `progress_latest` and the log not yet folded into it
 #: (`ServiceStore.compact_progress`), as a subquery.
