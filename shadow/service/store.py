@@ -139,6 +139,16 @@ def _arrow_schema(conn: Connection, table: str, columns: Sequence[str]) -> pa.Sc
     return schema
 
 
+@dataclass(frozen=True)
+class StagedInsert:
+    """An insert of Arrow rows: `sql` reads them as `rows_<table>`, a name the statement
+    resolves to `rows` when run by `_execute_staged`."""
+
+    sql: str
+    name: str
+    rows: pa.Table
+
+
 def _staged_insert(
     conn: Connection,
     table: str,
@@ -146,26 +156,60 @@ def _staged_insert(
     rows: Sequence[tuple],
     *,
     unless: str | None = None,
-) -> str | None:
-    """Register `rows` as an Arrow table on the connection and return the statement that
-    inserts them (None for no rows); `unless` is a condition on the new row `r` that
-    skips it.
-
-    The view has one name per table, replaced by the next batch, so nothing needs
-    unregistering: every DuckDB call costs GIL hand-overs (its Arrow scan is Python),
-    which a busy ingest thread makes milliseconds each.
-    """
+) -> StagedInsert | None:
+    """The insert of `rows` as one Arrow table (None for no rows); `unless` is a
+    condition on the new row `r` that skips it."""
     if not rows:
         return None
     schema = _arrow_schema(conn, table, columns)
     arrays = [pa.array(column, type=field_.type) for column, field_ in
               zip(zip(*rows, strict=True), schema, strict=True)]  # fmt: skip
-    view = f"_shadow_rows_{table}"
-    _duck(conn).register(view, pa.Table.from_arrays(arrays, schema=schema))
+    name = f"rows_{table}"
     names = ", ".join(columns)
     verb = "INSERT OR REPLACE" if table in UPSERT_TABLES else "INSERT"
     where = f" WHERE NOT ({unless})" if unless else ""
-    return f"{verb} INTO {table} ({names}) SELECT {names} FROM {view} r{where}"
+    return StagedInsert(
+        f"{verb} INTO {table} ({names}) SELECT {names} FROM {name} r{where}",
+        name,
+        pa.Table.from_arrays(arrays, schema=schema),
+    )
+
+
+def _execute_staged(
+    conn: Connection, staged: Sequence[StagedInsert | None], statements: Sequence[str] = ()
+) -> None:
+    """Run the staged inserts, then `statements`, in one DuckDB call.
+
+    One call, because every DuckDB call costs GIL hand-overs (its Arrow scan is Python),
+    which a busy ingest thread makes milliseconds each. The rows are not registered as
+    views: a view is a catalog write (0.4 ms each); the statement finds them instead as
+    local variables of the calling frame (DuckDB's replacement scan), which is why
+    `_run_scanning` takes each table's rows as a parameter of that name.
+    """
+    present = [insert for insert in staged if insert is not None]
+    sql = ";\n".join([*(insert.sql for insert in present), *statements])
+    if sql:
+        _run_scanning(_duck(conn), sql, **{insert.name: insert.rows for insert in present})
+
+
+def _run_scanning(
+    duck: duckdb.DuckDBPyConnection,
+    sql: str,
+    *,
+    rows_events: pa.Table | None = None,
+    rows_engine_steps: pa.Table | None = None,
+    rows_progress_log: pa.Table | None = None,
+    rows_engine_samples: pa.Table | None = None,
+    rows_decisions: pa.Table | None = None,
+    rows_violations: pa.Table | None = None,
+    rows_ingest_state: pa.Table | None = None,
+    rows_window_metrics: pa.Table | None = None,
+    rows_window_trajectories: pa.Table | None = None,
+) -> None:
+    """Execute `sql` with the staged rows as this frame's locals, where the statement's
+    `rows_<table>` names resolve (see `_execute_staged`). A table missing here fails
+    loudly: a keyword this function does not take."""
+    duck.execute(sql)
 
 
 def _text_literal(value: str) -> str:
@@ -182,10 +226,8 @@ def _append(
     *,
     unless: str | None = None,
 ) -> None:
-    """Append rows through a registered Arrow table (one columnar insert)."""
-    statement = _staged_insert(conn, table, columns, rows, unless=unless)
-    if statement is not None:
-        _duck(conn).execute(statement)
+    """Append rows as one Arrow table (one columnar insert)."""
+    _execute_staged(conn, [_staged_insert(conn, table, columns, rows, unless=unless)])
 
 
 class ServiceStore:
@@ -264,34 +306,34 @@ class ServiceStore:
                         # raise it again.
                         unless=_INCIDENT_STORED,
                     ),
-                    *self._staged_counters(conn, counters),
                 ]
-                # one call for every insert: see `_staged_insert`
-                _duck(conn).execute(";\n".join(sql for sql in staged if sql is not None))
+                updates, new_counters = self._staged_counters(conn, counters)
+                _execute_staged(conn, [*staged, new_counters], updates)
         except BaseException:
             self._state_names = None  # new counter names may not be in the table
             raise
 
-    def _staged_counters(self, conn: Connection, counters: list[tuple[str, int]]) -> list[str]:
-        """Statements that set the counters: an UPDATE for those the table has (2.5x
-        cheaper than DuckDB's upsert, which deletes and re-inserts indexed rows), an
-        upsert only for new names (a new source)."""
+    def _staged_counters(
+        self, conn: Connection, counters: list[tuple[str, int]]
+    ) -> tuple[list[str], StagedInsert | None]:
+        """What sets the counters: an UPDATE for those the table has (2.5x cheaper than
+        DuckDB's upsert, which deletes and re-inserts indexed rows), and an upsert only
+        for new names (a new source)."""
         if self._state_names is None:
             names = _duck(conn).execute("SELECT name FROM ingest_state").fetchall()
             self._state_names = {name for (name,) in names}
         known = [(name, int(value)) for name, value in counters if name in self._state_names]
         new = [(name, int(value)) for name, value in counters if name not in self._state_names]
-        statements = []
+        updates = []
         if known:
             cases = " ".join(f"WHEN {_text_literal(n)} THEN {v}" for n, v in known)
             listed = ", ".join(_text_literal(n) for n, _ in known)
-            statements.append(
+            updates.append(
                 f"UPDATE ingest_state SET value = CASE name {cases} END WHERE name IN ({listed})"
             )
-        if new:
-            statements.append(_staged_insert(conn, "ingest_state", STATE_COLUMNS, new))
-            self._state_names.update(name for name, _ in new)  # reloaded if the commit fails
-        return [sql for sql in statements if sql is not None]
+        inserted = _staged_insert(conn, "ingest_state", STATE_COLUMNS, new)
+        self._state_names.update(name for name, _ in new)  # reloaded if the commit fails
+        return updates, inserted
 
     def compact_progress(self) -> int:
         """Fold the progress log into `progress_latest` (one row per request, never
