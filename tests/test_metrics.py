@@ -70,3 +70,29 @@ def test_metrics_after_recorded_traffic(tmp_path):
     auc = found[("shadow_predictor_calibration_auc", (("fleet", "default"),))]
     assert 0.5 < auc <= 1.0
     assert result.steps > 0
+
+
+def test_footprint_of_the_server_its_workers_and_duckdb(tmp_path):
+    """Resident memory per process (server, audit and window workers) and DuckDB's
+    memory by tag: what an operator watches to see the footprint stay flat."""
+    log = tmp_path / "jsq.jsonl"
+    record(log, 200)
+    settings = load_settings(None, db=tmp_path / "f.duckdb", workers_processes=True)
+    with TestClient(create_app(settings)) as client:
+        for body in batches(log, 2000):
+            assert client.post("/v1/events", content=body).status_code == 200
+        found = samples(client.get("/metrics").text)
+    resident = {
+        dict(labels)["process"]: value
+        for (name, labels), value in found.items()
+        if name == "shadow_resident_memory_bytes"
+    }
+    # a pool starts its process with its first job: the audit's has had batches
+    assert {"server", "audit"} <= set(resident) <= {"server", "audit", "windows"}
+    assert all(value > 10 * 2**20 for value in resident.values()), resident
+    duck = {
+        dict(labels)["tag"]: value
+        for (name, labels), value in found.items()
+        if name == "shadow_duckdb_memory_bytes"
+    }
+    assert duck.get("BASE_TABLE", 0) > 0, duck

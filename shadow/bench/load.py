@@ -11,7 +11,6 @@ database is opened and every acknowledged event is counted: stored exactly once.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import threading
 import time
@@ -23,6 +22,7 @@ import duckdb
 import httpx
 
 from shadow.bench.ingest import record
+from shadow.service.footprint import process_tree, resident_bytes
 from shadow.service.process import ServerProcess
 from shadow.service.store import LATEST_PROGRESS
 
@@ -99,21 +99,7 @@ def batch_templates(log: Path, batch: int) -> tuple[list[BatchTemplate], bytes]:
 
 def _rss_kib(pid: int) -> int:
     """Resident memory of `pid` and all its descendants (the audit worker among them)."""
-    total = 0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            with open(f"/proc/{current}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    pending += [int(c) for c in children.read().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
+    return sum(resident_bytes(process) or 0 for process in process_tree(pid)) // 1024
 
 
 def _progress_requests(templates: list[BatchTemplate], acked: list[tuple[int, int]]) -> int:

@@ -8,6 +8,7 @@ increments plain integers.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,6 +22,7 @@ from shadow.invariants import KINDS
 from shadow.modes import Mode, ModeStore
 from shadow.policies import POLICY_NAMES
 from shadow.predict import SurvivalPredictor, calibrate
+from shadow.service.footprint import resident_bytes
 from shadow.service.runtime import Runtime
 
 WINDOW_GAUGES = (
@@ -103,6 +105,7 @@ class ServiceCollector(Collector):
             "shadow_commit_seconds", "Time spent in those transactions (its rate near 1: "
             "commits limit the ingest rate).", value=pipeline.committer.busy_s,
         )  # fmt: skip
+        yield from self._footprint(runtime)
         denied = CounterMetricFamily(
             "shadow_auth_denied", "Requests refused: 401 no or unknown token, 403 missing role.",
             labels=["status"],
@@ -201,6 +204,27 @@ class ServiceCollector(Collector):
                         ratio.add_metric([fleet, policy, label], row[column] / incumbent[column])
         yield from families.values()
         yield from (ratio, fidelity, step_a, step_b)
+
+    def _footprint(self, runtime: Runtime) -> Iterator[GaugeMetricFamily]:
+        resident = GaugeMetricFamily(
+            "shadow_resident_memory_bytes", "Resident memory of the service's processes "
+            "(Linux): the server and its worker processes, by role.", labels=["process"],
+        )  # fmt: skip
+        processes = [("server", os.getpid())] + [
+            (role, pid) for role, pids in runtime.worker_pids().items() for pid in pids
+        ]
+        for role, pid in processes:
+            size = resident_bytes(pid)
+            if size is not None:
+                resident.add_metric([role], size)
+        yield resident
+        duck = GaugeMetricFamily(
+            "shadow_duckdb_memory_bytes", "DuckDB's memory by tag (duckdb_memory()); its "
+            "buffer pool is bounded by duckdb_memory_mb.", labels=["tag"],
+        )  # fmt: skip
+        for tag, size in sorted(runtime.store.memory_bytes().items()):
+            duck.add_metric([tag], size)
+        yield duck
 
     def _predictor(self, runtime: Runtime) -> GaugeMetricFamily:
         """AUC of "finishes within H" for a Survival predictor on each fleet's recent

@@ -59,19 +59,28 @@ class Runtime:
                 raise busy from None
             raise
         config = settings.pipeline()
-        self._executors: list[ProcessPoolExecutor] = []
+        #: worker pools by role (`audit`, `windows`)
+        self._workers: dict[str, ProcessPoolExecutor] = {}
         audit_executor = window_executor = None
         if settings.workers_processes:
             if settings.audit:
                 audit_executor = audit_worker(
                     config.audit, config.invariants, config.ghost_sweep_every_s
                 )
-                self._executors.append(audit_executor)
+                self._workers["audit"] = audit_executor
             if settings.windows:
                 window_executor = window_worker()
-                self._executors.append(window_executor)
+                self._workers["windows"] = window_executor
         self.pipeline = Pipeline(self.store, config, window_executor, audit_executor)
         self.rebuilt_events = self.pipeline.start()
+
+    def worker_pids(self) -> dict[str, list[int]]:
+        """The live worker processes, by role (`audit`, `windows`)."""
+        roles = {}
+        for role, executor in self._workers.items():
+            processes = getattr(executor, "_processes", None) or {}
+            roles[role] = [pid for pid, process in processes.items() if process.is_alive()]
+        return roles
 
     def close(self) -> None:
         try:
@@ -80,6 +89,6 @@ class Runtime:
                 self.pipeline.collect_windows(wait=True)
         finally:
             self.pipeline.close()
-            for executor in self._executors:
+            for executor in self._workers.values():
                 executor.shutdown(wait=True, cancel_futures=True)
             self.store.close()

@@ -434,6 +434,12 @@ class ServiceStore:
         with self.engine.connect() as conn:
             return _duck(conn).execute(sql, params or {}).fetchnumpy()
 
+    def memory_bytes(self) -> dict[str, int]:
+        """DuckDB's memory by tag (`duckdb_memory()`: table blocks, indexes, ...): what
+        its buffer pool (`memory_mb`) holds, for watching the footprint."""
+        rows = self.query("SELECT tag, memory_usage_bytes FROM duckdb_memory()")
+        return {row["tag"]: int(row["memory_usage_bytes"]) for row in rows}
+
     def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
             result = conn.execute(text(sql), params or {})
