@@ -46,6 +46,7 @@ def test_metrics_after_recorded_traffic(tmp_path):
         "shadow_decision_agreement_ratio", "shadow_decision_regret_tokens", "shadow_mode",
         "shadow_fallback_trips", "shadow_route_decision_seconds_count",
         "shadow_mirror_state_mismatches_total", "shadow_predictor_calibration_auc",
+        "shadow_audit_backlog_batches",
     ):  # fmt: skip
         assert name in names, name
     assert all(name.startswith("shadow_") for name in names if not name.startswith("python_"))

@@ -275,6 +275,11 @@ class ServiceCollector(Collector):
             regret.add_metric([row["fleet"], row["policy"]], row["regret"] or 0.0)
             audited.add_metric([row["fleet"], row["policy"]], row["n"])
         yield from (agreement, regret, audited)
+        yield GaugeMetricFamily(
+            "shadow_audit_backlog_batches", "Batches handed to the audit worker whose "
+            "decisions are not stored yet (growing: the audit cannot keep up).",
+            value=runtime.pipeline.audit_backlog,
+        )  # fmt: skip
         violations = CounterMetricFamily(
             "shadow_invariant_violations", "Invariant violations, each counted once.",
             labels=["fleet", "kind", "severity"],

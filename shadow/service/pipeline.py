@@ -536,6 +536,12 @@ class Pipeline:
         )
         self._audit_pending.append((first, self.audit_executor.submit(run_in_worker, stream)))
 
+    @property
+    def audit_backlog(self) -> int:
+        """Batches handed to the audit worker whose decisions are not collected yet: a
+        backlog that keeps growing means the worker cannot keep up with ingest."""
+        return len(self._audit_pending)
+
     def _collect_audits(
         self, wait: bool = False
     ) -> tuple[list[tuple[int, Decision]], list[tuple[int, Violation]]]:
