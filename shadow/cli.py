@@ -921,15 +921,22 @@ def bench_load(
     rate: Annotated[float, typer.Option(min=1, help="Target events per second.")] = 40_000.0,
     duration: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load.")] = 300.0,
     batch: Annotated[int, typer.Option(min=1, help="Events per POST.")] = 2000,
-    senders: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 4,
+    senders: Annotated[
+        int, typer.Option(min=1, help="Concurrent HTTP clients (event sources).")
+    ] = 16,
     duckdb_memory_mb: Annotated[
-        int | None,
-        typer.Option(min=64, help="The server's DuckDB buffer pool (default: the setting's)."),
-    ] = None,
+        int,
+        typer.Option(
+            min=64,
+            help="The server's DuckDB buffer pool: small, so that it fills during the "
+            "warm-up and the memory judged after it is the rest of the service's.",
+        ),
+    ] = 64,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Sustained HTTP ingest at a fixed rate, audit on; checks every acknowledged event
-    is stored exactly once and reports latency and resident memory."""
+    is stored exactly once and reports latency and resident memory (growth after the
+    first minute, for the server and its worker processes)."""
     from shadow.bench import load as bench
 
     report = bench.run(rate=rate, duration_s=duration, batch=batch, senders=senders,
@@ -949,10 +956,15 @@ def bench_load(
                   f"({commits['batches_per_transaction']:.2f} per transaction), the commit "
                   f"thread busy {commits['busy_fraction']:.0%} of the time")  # fmt: skip
     console.print(f"stored: {report['stored']}; lost: {report['lost'] or 'none'}; "
-                  f"duplicates: {report['duplicates']}")  # fmt: skip
+                  f"duplicates: {report['duplicates']}; invariant violations: "
+                  f"{report['violations'] or 'none'}")  # fmt: skip
     console.print(f"resident memory (server + audit worker): {rss['after_warmup']:,.0f} MiB "
                   f"after warm-up, {rss['end']:,.0f} MiB at the end, max "
                   f"{rss['max_after_warmup']:,.0f} MiB")  # fmt: skip
+    if rss["growth_mib_per_min"] is not None:
+        console.print(f"growth after warm-up: {rss['growth_mib_per_min']:+.1f} MiB/min (server "
+                      f"{rss['server_growth_mib_per_min']:+.1f}, worker processes "
+                      f"{rss['workers_growth_mib_per_min']:+.1f})")  # fmt: skip
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {json_out}")

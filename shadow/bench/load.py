@@ -20,6 +20,7 @@ from typing import Any
 
 import duckdb
 import httpx
+import numpy as np
 
 from shadow.bench.ingest import record
 from shadow.service.footprint import process_tree, resident_bytes
@@ -28,6 +29,9 @@ from shadow.service.store import LATEST_PROGRESS
 
 SHIFTED = ("ts", "seq", "request_id", "step")
 PASS = b"\x00"  # where a batch template takes the pass number
+FLEET = b"\x01"  # where it takes the sender's fleet number
+#: memory is judged after this: start-up, the first passes, DuckDB's pool filling
+WARM_UP_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,8 @@ class Tally:
     """What the service acknowledged (a 200), by kind, and the request latencies."""
 
     events: dict[str, int] = field(default_factory=dict)
-    #: (pass, batch index) of every acknowledged batch
-    batches_acked: list[tuple[int, int]] = field(default_factory=list)
+    #: (fleet, pass, batch index) of every acknowledged batch
+    batches_acked: list[tuple[int, int, int]] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
     failures: int = 0
     batches: int = 0
@@ -65,19 +69,26 @@ def batch_templates(log: Path, batch: int) -> tuple[list[BatchTemplate], bytes]:
     Pass k (from 1) shifts by prefixing k to the zero-padded numbers: ts becomes
     k * 10^d + ts with 10^d longer than the recording, seqs and steps likewise, and
     request ids get a `~k` suffix, so every pass is a new, later stretch of the same
-    fleet (with an idle gap between passes).
+    fleet (with an idle gap between passes). The fleet's name ends in `FLEET`, so each
+    sender streams a fleet of its own.
     """
     events = [json.loads(raw) for raw in log.read_text().splitlines()]
     width_ts = _digits(max(e["ts"] for e in events))
     width_seq = _digits(max(e.get("seq") or 0 for e in events))
     width_step = _digits(max(e.get("step", 0) for e in events))
     lines: list[tuple[str, bytes, str | None]] = []
-    workers = [json.dumps(event) for event in events if event["type"] == "worker"]
+
+    def own_fleet(event: dict) -> str:
+        """`event` as JSON without its closing brace, its fleet name ending in FLEET."""
+        fields = {k: v for k, v in event.items() if k != "fleet"}
+        fleet = json.dumps(event["fleet"] + "-")[:-1] + FLEET.decode() + '"'
+        return json.dumps(fields, separators=(",", ":"))[:-1] + f',"fleet":{fleet}'
+
+    workers = [own_fleet(event) + "}" for event in events if event["type"] == "worker"]
     for event in events:
         if event["type"] == "worker":
             continue
-        fields = {k: v for k, v in event.items() if k not in SHIFTED}
-        text = json.dumps(fields, separators=(",", ":"))[:-1]
+        text = own_fleet({k: v for k, v in event.items() if k not in SHIFTED})
         text += (
             f',"ts":\x00{event["ts"]:0{width_ts + 10}.9f},"seq":\x00{event["seq"]:0{width_seq}d}'
         )
@@ -97,16 +108,29 @@ def batch_templates(log: Path, batch: int) -> tuple[list[BatchTemplate], bytes]:
     return out, "\n".join(workers).encode()
 
 
-def _rss_kib(pid: int) -> int:
-    """Resident memory of `pid` and all its descendants (the audit worker among them)."""
-    return sum(resident_bytes(process) or 0 for process in process_tree(pid)) // 1024
+def _rss_kib(pid: int) -> tuple[int, int]:
+    """Resident memory of `pid` and of all its descendants (the audit worker), KiB."""
+    server = (resident_bytes(pid) or 0) // 1024
+    workers = sum(resident_bytes(p) or 0 for p in process_tree(pid) if p != pid) // 1024
+    return server, workers
 
 
-def _progress_requests(templates: list[BatchTemplate], acked: list[tuple[int, int]]) -> int:
-    """Distinct requests with an acknowledged progress event (a request id per pass)."""
-    by_pass: dict[int, set[str]] = {}
-    for k, i in acked:
-        by_pass.setdefault(k, set()).update(templates[i].progress_requests)
+def growth_mib_per_min(series: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, MiB) samples, in MiB a minute: flat is ~0."""
+    if len(series) < 2:
+        return None
+    seconds, mib = np.array(series, dtype=np.float64).T
+    if np.ptp(seconds) == 0:
+        return None
+    return float(np.polyfit(seconds, mib, 1)[0] * 60.0)
+
+
+def _progress_requests(templates: list[BatchTemplate], acked: list[tuple[int, int, int]]) -> int:
+    """Distinct requests with an acknowledged progress event (a request id per fleet and
+    pass)."""
+    by_pass: dict[tuple[int, int], set[str]] = {}
+    for fleet, k, i in acked:
+        by_pass.setdefault((fleet, k), set()).update(templates[i].progress_requests)
     return sum(len(requests) for requests in by_pass.values())
 
 
@@ -125,9 +149,9 @@ def run(
     rate: float = 40_000.0,
     duration_s: float = 300.0,
     batch: int = 2000,
-    senders: int = 4,
+    senders: int = 16,
     requests: int = 10_000,
-    duckdb_memory_mb: int | None = None,
+    duckdb_memory_mb: int | None = 64,
     workdir: Path | None = None,
     note=print,
 ) -> dict[str, Any]:
@@ -151,19 +175,18 @@ def run(
     server = ServerProcess(db, config).start()
     tally = Tally()
     stop_at = time.monotonic() + duration_s
-    rss: list[tuple[float, int]] = []
-    cursor = {"k": 1, "i": 0}
-    cursor_lock = threading.Lock()
-
-    def next_batch() -> tuple[int, int, bytes]:
-        with cursor_lock:
-            k, i = cursor["k"], cursor["i"]
-            cursor["k"], cursor["i"] = (k + 1, 0) if i + 1 == len(templates) else (k, i + 1)
-        return k, i, templates[i].body.replace(PASS, str(k).encode())
+    #: (seconds, server KiB, worker processes KiB)
+    rss: list[tuple[float, int, int]] = []
 
     def sender(index: int) -> None:
+        """Streams fleet `index` in order, pass after pass, at its share of the rate: a
+        source's events arrive in order, and sources run concurrently (batches of one
+        fleet sent by different clients would arrive out of order by far more than the
+        reorder window, the recording running ~150x faster than real time)."""
         interval = batch * senders / rate
         due = time.monotonic() + index * batch / rate
+        fleet = str(index).encode()
+        k, i = 1, 0
         with httpx.Client(base_url=server.url, timeout=60) as client:
             while True:
                 now = time.monotonic()
@@ -172,7 +195,7 @@ def run(
                 if now < due:
                     time.sleep(due - now)
                 due += interval
-                k, i, body = next_batch()
+                body = templates[i].body.replace(PASS, str(k).encode()).replace(FLEET, fleet)
                 started = time.perf_counter()
                 try:
                     response = client.post(
@@ -186,16 +209,19 @@ def run(
                 with tally.lock:
                     tally.batches += 1
                     tally.latencies_ms.append(elapsed)
-                    if not ok:
+                    if ok:
+                        for kind, n in templates[i].counts.items():
+                            tally.events[kind] = tally.events.get(kind, 0) + n
+                        tally.batches_acked.append((index, k, i))
+                    else:
                         tally.failures += 1
-                        continue
-                    for kind, n in templates[i].counts.items():
-                        tally.events[kind] = tally.events.get(kind, 0) + n
-                    tally.batches_acked.append((k, i))
+                k, i = (k + 1, 0) if i + 1 == len(templates) else (k, i + 1)
 
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client:
-            client.post("/v1/events", content=workers).raise_for_status()
+            for index in range(senders):
+                fleet_workers = workers.replace(FLEET, str(index).encode())
+                client.post("/v1/events", content=fleet_workers).raise_for_status()
         started = time.monotonic()
         threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
         for thread in threads:
@@ -204,13 +230,13 @@ def run(
         while any(thread.is_alive() for thread in threads):
             time.sleep(1.0)
             now = time.monotonic()
-            rss.append((now - started, _rss_kib(server.process.pid)))
+            rss.append((now - started, *_rss_kib(server.process.pid)))
             if now - last_note >= 30:
                 last_note = now
                 sent = sum(tally.events.values())
                 pace = sent / (now - started)
                 note(f"{now - started:5.0f} s: {sent:,} events acknowledged ({pace:,.0f}/s), "
-                     f"RSS {rss[-1][1] / 1024:,.0f} MiB")  # fmt: skip
+                     f"RSS {(rss[-1][1] + rss[-1][2]) / 1024:,.0f} MiB")  # fmt: skip
         wall = time.monotonic() - started
         with httpx.Client(base_url=server.url, timeout=120) as client:
             client.post("/v1/flush").raise_for_status()
@@ -227,19 +253,23 @@ def run(
         }
         stored["engine_step"] = con.execute("SELECT count(*) FROM engine_steps").fetchone()[0]
         duplicates = con.execute(
-            "SELECT (SELECT count(*) FROM events) - (SELECT count(DISTINCT (source, seq)) "
-            "FROM events) + (SELECT count(*) FROM engine_steps) - (SELECT count(DISTINCT "
-            "(source, seq)) FROM engine_steps)"
+            "SELECT (SELECT count(*) FROM events) - (SELECT count(DISTINCT (fleet, source, "
+            "seq)) FROM events) + (SELECT count(*) FROM engine_steps) - (SELECT count("
+            "DISTINCT (fleet, source, seq)) FROM engine_steps)"
         ).fetchone()[0]
         progress_rows = con.execute(f"SELECT count(*) FROM {LATEST_PROGRESS}").fetchone()[0]
         decisions = con.execute("SELECT count(*) FROM decisions").fetchone()[0]
+        violations = dict(
+            con.execute("SELECT kind, count(*) FROM violations GROUP BY kind").fetchall()
+        )
     finally:
         con.close()
     acked = dict(tally.events)
     acked_progress = acked.pop("progress", 0)
     lost = {k: acked[k] - stored.get(k, 0) for k in acked if acked[k] > stored.get(k, 0)}
     latencies = sorted(tally.latencies_ms)
-    warm = [kib for t, kib in rss if t >= 60.0] or [kib for _, kib in rss]
+    warm = [(t, *kib) for t, *kib in rss if t >= WARM_UP_S] or rss
+    total_mib = [(t, (server + workers) / 1024) for t, server, workers in warm]
     total = sum(tally.events.values())
     return {
         "target_events_per_s": rate,
@@ -265,6 +295,8 @@ def run(
             "stored_latest_rows": int(progress_rows),
         },
         "decisions_audited": int(decisions),
+        #: a clean recorded stream raises none: any here are the load's own artefacts
+        "violations": violations,
         "commits": {
             "transactions": commits["transactions"],
             "batches": commits["batches"],
@@ -272,9 +304,17 @@ def run(
             "busy_fraction": commits["seconds"] / wall,
         },
         "rss_mib": {
-            "after_warmup": warm[0] / 1024 if warm else None,
-            "end": rss[-1][1] / 1024 if rss else None,
-            "max_after_warmup": max(warm) / 1024 if warm else None,
+            "after_warmup": total_mib[0][1] if total_mib else None,
+            "end": total_mib[-1][1] if total_mib else None,
+            "max_after_warmup": max(mib for _, mib in total_mib) if total_mib else None,
+            "growth_mib_per_min": growth_mib_per_min(total_mib),
+            "server_growth_mib_per_min": growth_mib_per_min(
+                [(t, server / 1024) for t, server, _ in warm]
+            ),
+            "workers_growth_mib_per_min": growth_mib_per_min(
+                [(t, workers / 1024) for t, _, workers in warm]
+            ),
         },
-        "rss_series": [(round(t, 1), kib) for t, kib in rss[:: max(1, len(rss) // 60)]],
+        #: (seconds, server KiB, worker processes KiB)
+        "rss_series": rss[:: max(1, len(rss) // 60)],
     }
