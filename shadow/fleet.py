@@ -75,6 +75,7 @@ class FleetCore:
         """Drop requests finished before `before_ts` (`FleetMirror.forget_finished`); the
         owner sends `("forget", ts, fleet, before_ts)` down the stream too, so that a
         follower's replica forgets at the same point."""
+        self.checker.forget(before_ts)
         return self.mirror.forget_finished(before_ts)
 
     def _sweep(self, ts: float) -> list[Violation]:

@@ -7,6 +7,7 @@ Critical kinds feed the gate and the fallback.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from shadow.mirror import FleetMirror
@@ -57,7 +58,23 @@ class InvariantChecker:
         self.fleet = fleet
         self.config = config or InvariantConfig()
         self._reported: set[tuple[str, str | None, str | None]] = set()
+        #: (ts, key) of the reported incidents of requests, oldest first, for `forget`
+        self._request_incidents: deque[tuple[float, tuple[str, str | None, str]]] = deque()
         self._drift_run: dict[str, int] = {}
+
+    @property
+    def remembered(self) -> int:
+        """Incidents remembered as reported (bounded by `forget`)."""
+        return len(self._reported)
+
+    def forget(self, before_ts: float) -> None:
+        """Forget the incidents of requests reported before `before_ts`, with the
+        requests the mirror forgets (`FleetMirror.forget_finished`): a misbehaving source
+        raises one per request, so remembering them all would grow without bound. The
+        mirror ignores later events of a forgotten request, so none is reported twice."""
+        incidents = self._request_incidents
+        while incidents and incidents[0][0] < before_ts:
+            self._reported.discard(incidents.popleft()[1])
 
     def _violation(
         self, kind: str, ts: float, worker: str | None, request_id: str | None, detail: str
@@ -66,6 +83,8 @@ class InvariantChecker:
         if key in self._reported:
             return []
         self._reported.add(key)
+        if request_id is not None:
+            self._request_incidents.append((ts, (kind, worker, request_id)))
         return [Violation(kind, KINDS[kind][0], self.fleet, worker, request_id, ts, detail)]
 
     def before_dispatch(
