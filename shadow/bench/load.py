@@ -1,9 +1,10 @@
 """A bounded load test on loopback: sustained HTTP ingest at a fixed event rate.
 
 The stream is a recorded 8-worker JSQ run (`paper-azure2024`) played over and over, each
-pass shifted in time with fresh request ids, seqs and step numbers, so the service sees
-one long, valid, ever-advancing fleet. Batches are pre-rendered templates (one
-`bytes.replace` a batch, see `BatchTemplate`), so the cores go to the server. Senders pace
+pass shifted in time with fresh request ids, seqs and step numbers. Each sender streams a
+fleet of its own, in order, so the service sees that many long, valid, ever-advancing
+fleets. Batches are pre-rendered templates (two `bytes.replace` a batch, see
+`BatchTemplate`), so the cores go to the server. Senders pace
 batches to the target rate; the test stops by itself after `duration_s`. Afterwards the
 database is opened and every acknowledged event is counted: stored exactly once.
 """
@@ -36,9 +37,9 @@ WARM_UP_S = 60.0
 
 @dataclass(frozen=True)
 class BatchTemplate:
-    """One batch of a pass, with `PASS` where the pass number goes: rendering pass k is
-    one `bytes.replace`, so the load generator spends nanoseconds per event and the
-    cores go to the server."""
+    """One batch of a pass, with `PASS` where the pass number goes and `FLEET` where the
+    sender's goes: rendering is a `bytes.replace` for each, so the load generator spends
+    nanoseconds per event and the cores go to the server."""
 
     body: bytes
     counts: dict[str, int]
@@ -77,6 +78,7 @@ def batch_templates(log: Path, batch: int) -> tuple[list[BatchTemplate], bytes]:
     width_seq = _digits(max(e.get("seq") or 0 for e in events))
     width_step = _digits(max(e.get("step", 0) for e in events))
     lines: list[tuple[str, bytes, str | None]] = []
+    shift = PASS.decode()
 
     def own_fleet(event: dict) -> str:
         """`event` as JSON without its closing brace, its fleet name ending in FLEET."""
@@ -90,12 +92,13 @@ def batch_templates(log: Path, batch: int) -> tuple[list[BatchTemplate], bytes]:
             continue
         text = own_fleet({k: v for k, v in event.items() if k not in SHIFTED})
         text += (
-            f',"ts":\x00{event["ts"]:0{width_ts + 10}.9f},"seq":\x00{event["seq"]:0{width_seq}d}'
+            f',"ts":{shift}{event["ts"]:0{width_ts + 10}.9f}'
+            f',"seq":{shift}{event["seq"]:0{width_seq}d}'
         )
         if "request_id" in event:
-            text += ',"request_id":' + json.dumps(event["request_id"] + "~")[:-1] + '\x00"'
+            text += ',"request_id":' + json.dumps(event["request_id"] + "~")[:-1] + shift + '"'
         if "step" in event:
-            text += f',"step":\x00{event["step"]:0{width_step}d}'
+            text += f',"step":{shift}{event["step"]:0{width_step}d}'
         lines.append((event["type"], (text + "}\n").encode(), event.get("request_id")))
     out = []
     for start in range(0, len(lines), batch):
