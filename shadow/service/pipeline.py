@@ -16,12 +16,15 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import math
 import queue
 import threading
+from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,7 +44,6 @@ from shadow.workload import StepModel
 
 log = logging.getLogger(__name__)
 ORDER = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4, "dispatch": 5}
-LIFECYCLE = frozenset({"worker", "ready", "dispatch", "finish"})
 MAX_PENDING_SAMPLES = 1000
 STEP_SAMPLES_KEPT = 50_000  # the last ~6,000 steps of an 8-worker fleet
 #: how often the progress log is folded into `progress_latest` (see migration 0008)
@@ -103,43 +105,54 @@ class IngestResult:
 class _ReorderBuffer:
     """Events waiting for their turn, released in `(ts, class order, ingest_id)` order.
 
-    Streams are nearly always in order, so entries that sort after the last one go to a
-    deque (no heap work); stragglers go to a heap, and release merges the two.
+    Each fleet's stream is nearly always in order, while fleets interleave: an entry that
+    sorts after its fleet's last one is appended to that fleet's run (sorted), a
+    straggler goes to a heap. A release cuts each run at `upto` (a bisection), takes
+    the heap's entries up to it and sorts the lot once: a merge of a few sorted runs,
+    in C. (One run for all fleets sent most entries of interleaved fleets to the heap:
+    two log-n heap operations each, ~8% of the server's time at 40,000 events/s.)
+    Entries compare whole: ingest ids are unique, so a comparison never reaches the event.
     """
 
     def __init__(self) -> None:
-        self._ordered: deque[tuple[float, int, int, Any]] = deque()
+        self._runs: dict[str, list[tuple[float, int, int, Any]]] = {}
         self._late: list[tuple[float, int, int, Any]] = []
 
     def __len__(self) -> int:
-        return len(self._ordered) + len(self._late)
+        return sum(map(len, self._runs.values())) + len(self._late)
 
     def push(self, entry: tuple[float, int, int, Any]) -> None:
-        ordered = self._ordered
-        if not ordered or entry[:3] >= ordered[-1][:3]:
-            ordered.append(entry)
+        run = self._runs.get(entry[3].fleet)
+        if run is None:
+            run = self._runs[entry[3].fleet] = []
+        if not run or entry > run[-1]:
+            run.append(entry)
         else:
             heapq.heappush(self._late, entry)
 
-    def pop_until(self, upto: float) -> Iterator[tuple[float, int, int, Any]]:
-        ordered, late = self._ordered, self._late
-        while True:
-            if late and (not ordered or late[0][:3] < ordered[0][:3]):
-                if late[0][0] > upto:
-                    return
-                yield heapq.heappop(late)
-            elif ordered:
-                if ordered[0][0] > upto:
-                    return
-                yield ordered.popleft()
-            else:
-                return
+    def pop_until(self, upto: float) -> list[tuple[float, int, int, Any]]:
+        """Remove and return, in order, every entry with a time up to `upto`."""
+        released: list[tuple[float, int, int, Any]] = []
+        cut = (upto, math.inf)  # after every entry at `upto`, before any later one
+        for run in self._runs.values():
+            if run and run[0][0] <= upto:
+                end = bisect_right(run, cut)
+                released += run[:end]
+                del run[:end]
+        late = self._late
+        while late and late[0][0] <= upto:
+            released.append(heapq.heappop(late))
+        released.sort()
+        return released
 
     def lowest_id(self) -> int | None:
-        ids = [e[2] for e in self._late]
-        if self._ordered:
-            ids.append(min(e[2] for e in self._ordered))
+        ids = [min(map(_INGEST_ID, run)) for run in self._runs.values() if run]
+        if self._late:
+            ids.append(min(map(_INGEST_ID, self._late)))
         return min(ids) if ids else None
+
+
+_INGEST_ID = itemgetter(2)
 
 
 class FleetState:
@@ -327,34 +340,51 @@ class Pipeline:
                 batch = EventBatch()
                 fresh: list[tuple[float, int, int, Any]] = []
                 next_id = self._next_id
+                # Per event, this loop is the service's hottest Python: the checks that
+                # rarely apply (bounds) are skipped by kind, and attributes are read once.
+                admitted = self._admitted_workers
+                seen_progress = self._progress_seen
+                counts = self.counts
+                lifecycle, steps, progress = batch.lifecycle, batch.steps, batch.progress
+                #: (fleet, source) -> its seq memory, for sources with an accepted event
+                sources: dict[tuple[str, str], RecentInts] = {}
                 for position, event in events:
-                    refused = self._over_bound(event)
-                    if refused is not None:
-                        bound, field_name, message = refused
-                        self.bound_hits[bound] += 1
-                        result.rejected += 1
-                        self.rejected += 1
-                        result.errors.append(EventError(position, None, field_name, message))
-                        continue
-                    if not self._is_new(event):
+                    kind = event.type
+                    fleet = event.fleet
+                    if kind == "worker" or kind == "ready" or fleet not in admitted:
+                        refused = self._over_bound(event)
+                        if refused is not None:
+                            bound, field_name, message = refused
+                            self.bound_hits[bound] += 1
+                            result.rejected += 1
+                            self.rejected += 1
+                            result.errors.append(EventError(position, None, field_name, message))
+                            continue
+                    seq = event.seq
+                    memory = None
+                    if seq is not None:
+                        memory = self._seqs.get((fleet, event.source))
+                        if memory is None:
+                            memory = self._seq_memory(fleet, event.source)
+                        if not memory.add(seq):
+                            result.duplicates += 1
+                            counts[(fleet, kind, "duplicate")] += 1
+                            continue
+                    if not self._is_new(event, kind, memory):
                         result.duplicates += 1
-                        self.counts[(event.fleet, event.type, "duplicate")] += 1
+                        counts[(fleet, kind, "duplicate")] += 1
                         continue
                     ingest_id = next_id
                     next_id += 1
-                    kind = event.type
-                    if event.seq is not None:
-                        key = (event.fleet, event.source)
-                        batch.seq_high[key] = self._seqs[key].high
-                    if kind in LIFECYCLE:
-                        batch.lifecycle.append(_lifecycle_row(ingest_id, event))
-                    elif kind == "engine_step":
-                        batch.steps.append(
+                    if memory is not None:
+                        sources[(fleet, event.source)] = memory
+                    if kind == "engine_step":
+                        steps.append(
                             (
                                 ingest_id,
-                                event.fleet,
+                                fleet,
                                 event.source,
-                                event.seq,
+                                seq,
                                 event.worker,
                                 event.step,
                                 event.ts,
@@ -365,15 +395,19 @@ class Pipeline:
                             )
                         )
                     elif kind == "progress":
-                        key = (event.fleet, event.request_id)
-                        if self._progress_seen.get(key, -1) < event.generated:
-                            self._progress_seen[key] = event.generated
-                            batch.progress[key] = (*key, event.generated, event.ts, ingest_id)
+                        key = (fleet, event.request_id)
+                        if seen_progress.get(key, -1) < event.generated:
+                            seen_progress[key] = event.generated
+                            progress[key] = (*key, event.generated, event.ts, ingest_id)
+                    else:
+                        lifecycle.append(_lifecycle_row(ingest_id, event))
+                        if kind == "finish":
+                            self._finished_progress.append((event.ts, (fleet, event.request_id)))
                     fresh.append((event.ts, ORDER[kind], ingest_id, event))
-                    result.accepted += 1
-                    self.counts[(event.fleet, kind, "accepted")] += 1
-                    if kind == "finish":
-                        self._finished_progress.append((event.ts, (event.fleet, event.request_id)))
+                    counts[(fleet, kind, "accepted")] += 1
+                result.accepted = len(fresh)
+                for key, memory in sources.items():
+                    batch.seq_high[key] = memory.high
                 if fresh:
                     self._next_id = next_id
                     for entry in fresh:
@@ -438,13 +472,9 @@ class Pipeline:
                 if self.config.audit_enabled:
                     stream.append(("forget", state.mirror.now, state.fleet, before))
 
-    def _is_new(self, event: Any) -> bool:
-        memory = None
-        if event.seq is not None:
-            memory = self._seq_memory(event.fleet, event.source)
-            if not memory.add(event.seq):
-                return False
-        kind = event.type
+    def _is_new(self, event: Any, kind: str, memory: RecentInts | None) -> bool:
+        """Whether an event not seen by its seq (`memory` holds its source's seqs, None
+        without a seq) is new by its content: progress ahead, an engine step not counted."""
         if kind == "progress":
             seen = self._progress_seen.get((event.fleet, event.request_id), -1)
             if event.generated == seen:
