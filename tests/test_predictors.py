@@ -53,6 +53,16 @@ def test_survival_learns_incrementally_like_in_one_batch():
     assert np.array_equal(
         batch.predict(ages, 40).contribution, incremental.predict(ages, 40).contribution
     )
+    assert np.array_equal(batch._counts, incremental._counts)
+
+
+def test_survival_refuses_an_empty_output_one_at_a_time_as_in_a_batch():
+    predictor = SurvivalPredictor()
+    with pytest.raises(ValueError, match=">= 1"):
+        predictor.observe(0)
+    with pytest.raises(ValueError, match=">= 1"):
+        predictor.observe_many(np.array([3, 0]))
+    assert len(predictor) == 0
 
 
 def test_exactmatch_uses_the_bucket_once_it_has_enough_samples():

@@ -63,6 +63,19 @@ class SurvivalPredictor(Predictor):
     def __len__(self) -> int:
         return int(self._counts.sum())
 
+    def observe(self, output_tokens: int, prompt_key: object | None = None) -> None:
+        """Learn one completion without building arrays: the mirror learns one per
+        finish, and the arrays of `observe_many` cost ~20 us where this costs ~1."""
+        length = int(output_tokens)
+        if length < 1:
+            raise ValueError("output lengths must be >= 1")
+        if length >= self._counts.shape[0]:
+            self._counts = np.concatenate(
+                (self._counts, np.zeros(length + 1 - self._counts.shape[0], dtype=np.int64))
+            )
+        self._counts[length] += 1
+        self._table_cache = None
+
     def observe_many(
         self, output_tokens: np.ndarray, prompt_keys: np.ndarray | None = None
     ) -> None:
