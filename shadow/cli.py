@@ -948,6 +948,12 @@ def bench_load(
         f"= {report['events_per_s']:,.0f} events/s (target {rate:,.0f}); "
         f"{report['failed_batches']} of {report['batches']} batches failed"
     )
+    behind = report["behind_schedule_s"]
+    console.print(
+        f"sustained: {report['sustained_events_per_s']:,.0f} events/s acknowledged while the "
+        f"load ran ({report['events_offered']:,} offered); senders behind schedule "
+        f"{behind['end']:.2f} s at the end, {behind['max']:.2f} s at worst"
+    )
     console.print(f"ingest latency per batch of {batch}: P50 {latency['p50']:.0f} ms, "
                   f"P99 {latency['p99']:.0f} ms, max {latency['max']:.0f} ms")  # fmt: skip
     commits = report["commits"]

@@ -24,3 +24,8 @@ def test_a_short_load_run_stores_every_acknowledged_event_once(tmp_path):
     server_kib, workers_kib = report["rss_series"][-1][1:]
     assert server_kib > 10_000 and workers_kib > 10_000  # the server and its audit worker
     assert report["rss_mib"]["end"] == pytest.approx((server_kib + workers_kib) / 1024)
+    # the sustained rate counts only what was acknowledged while the load ran
+    assert report["events_offered"] >= report["events_acknowledged"]
+    assert 0 < report["sustained_events_per_s"] <= report["events_acknowledged"] / 3.5
+    behind = report["behind_schedule_s"]
+    assert 0.0 <= behind["end"] <= behind["max"]

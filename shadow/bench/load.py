@@ -56,6 +56,13 @@ class Tally:
     latencies_ms: list[float] = field(default_factory=list)
     failures: int = 0
     batches: int = 0
+    #: events of the batches due before the load stopped (what the schedule offered)
+    offered: int = 0
+    #: events acknowledged before the load stopped (the sustained rate's numerator)
+    in_window: int = 0
+    #: per sender: how late its last batch was sent against its schedule, and the most
+    behind_s: dict[int, float] = field(default_factory=dict)
+    max_behind_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -197,8 +204,10 @@ def run(
                     return
                 if now < due:
                     time.sleep(due - now)
+                behind = max(0.0, now - due)  # a sender falls behind when responses lag
                 due += interval
                 body = templates[i].body.replace(PASS, str(k).encode()).replace(FLEET, fleet)
+                size = sum(templates[i].counts.values())
                 started = time.perf_counter()
                 try:
                     response = client.post(
@@ -211,7 +220,12 @@ def run(
                 elapsed = (time.perf_counter() - started) * 1000.0
                 with tally.lock:
                     tally.batches += 1
+                    tally.offered += size
+                    tally.behind_s[index] = behind
+                    tally.max_behind_s = max(tally.max_behind_s, behind)
                     tally.latencies_ms.append(elapsed)
+                    if ok and time.monotonic() <= stop_at:
+                        tally.in_window += size
                     if ok:
                         for kind, n in templates[i].counts.items():
                             tally.events[kind] = tally.events.get(kind, 0) + n
@@ -241,6 +255,7 @@ def run(
                 note(f"{now - started:5.0f} s: {sent:,} events acknowledged ({pace:,.0f}/s), "
                      f"RSS {(rss[-1][1] + rss[-1][2]) / 1024:,.0f} MiB")  # fmt: skip
         wall = time.monotonic() - started
+        window = stop_at - started
         with httpx.Client(base_url=server.url, timeout=120) as client:
             client.post("/v1/flush").raise_for_status()
             commits = _commit_counters(client.get("/metrics").text)
@@ -280,7 +295,18 @@ def run(
         "batch": batch,
         "senders": senders,
         "events_acknowledged": total,
+        #: everything acknowledged over the whole run, the last responses included
         "events_per_s": total / wall,
+        #: acknowledged while the load ran, over that time: a server that keeps pace
+        #: acknowledges what the schedule offered, less its last batches
+        "sustained_events_per_s": tally.in_window / window,
+        "events_offered": tally.offered,
+        #: how late the senders were against their schedule: at their last batch (near 0
+        #: when the service kept pace to the end) and at worst
+        "behind_schedule_s": {
+            "end": max(tally.behind_s.values(), default=0.0),
+            "max": tally.max_behind_s,
+        },
         "batches": tally.batches,
         "failed_batches": tally.failures,
         "latency_ms": {
