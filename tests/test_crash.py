@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from ingest.events import parse_ndjson
+from shadow.service.footprint import process_tree
 from shadow.service.process import ServerProcess, free_port
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
@@ -188,6 +190,91 @@ def test_sigkill_during_bulk_writes_loses_and_duplicates_nothing(tmp_path):
     # every batch finishes what it starts: the rebuilt fleet is idle
     assert [w["active"] for w in snapshot["workers"]] == [0] * WORKERS
     assert snapshot["pool"] == 0
+
+
+def test_ctrl_c_to_the_process_group_answers_the_batches_in_flight(tmp_path):
+    """Ctrl-C (or `timeout`) signals the server and its worker processes together; the
+    workers wait for the server to stop them, so batches in flight are answered, not
+    failed by a dead audit worker (a broken pool: 500s and a traceback on the way out)."""
+    db = tmp_path / "group.duckdb"
+    stream = Stream()
+    server = ServerProcess(db, write_config(tmp_path / "c.toml"), own_group=True)
+    try:
+        server.start()
+        client = Client(server.url, stream, stream.fleet())
+        client.start()
+        time.sleep(1.5)
+        assert client.acknowledged and client.is_alive()
+        server.signal_group(signal.SIGTERM)
+        assert server.process is not None
+        server.process.wait(timeout=60)
+        client.stop.set()
+        client.join(timeout=30)
+        output = server.process.stdout.read().decode() if server.process.stdout else ""
+    finally:
+        server.kill()
+    assert client.failure is None, client.failure  # every answer was a 200
+    assert "Traceback" not in output and "BrokenProcessPool" not in output, output[-3000:]
+    # uvicorn shuts down, then re-raises the signal it caught
+    assert server.process.returncode in (0, -signal.SIGTERM)
+    store = ServiceStore(db)
+    try:
+        stored = set(stored_keys(store))
+    finally:
+        store.close()
+    assert client.acknowledged <= stored
+
+
+def test_a_killed_audit_worker_stops_ingest_with_a_clear_error(tmp_path):
+    """The audit worker killed from outside (the OOM killer): batches get a 503 that says
+    so, never a 500, and what was acknowledged before is stored."""
+    db = tmp_path / "oom.duckdb"
+    stream = Stream()
+    server = ServerProcess(db, write_config(tmp_path / "c.toml", windows=False))
+    acknowledged: set[tuple[str, int]] = set()
+    answers: list[tuple[int, str]] = []
+    try:
+        server.start()
+        assert server.process is not None
+        with httpx.Client(timeout=30) as http:
+            first = stream.fleet() + stream.batch()
+            assert http.post(f"{server.url}/v1/events", content=body(first)).status_code == 200
+            acknowledged |= keys(first)
+            workers: list[int] = []
+            deadline = time.monotonic() + 20
+            while not workers and time.monotonic() < deadline:  # pools spawn lazily
+                time.sleep(0.2)
+                workers = [
+                    pid for pid in process_tree(server.process.pid)[1:]
+                    if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                ]  # fmt: skip
+            assert workers
+            for pid in workers:
+                os.kill(pid, signal.SIGKILL)
+            for _ in range(40):
+                events = stream.batch()
+                response = http.post(f"{server.url}/v1/events", content=body(events))
+                answers.append((response.status_code, response.json()["detail"]
+                                if response.status_code != 200 else ""))  # fmt: skip
+                if response.status_code == 200:
+                    acknowledged |= keys(events)
+                elif len(answers) > 1 and answers[-2][0] == 503:
+                    break
+                time.sleep(0.1)
+    finally:
+        server.kill()
+    codes = [code for code, _ in answers]
+    assert 500 not in codes and codes[-2:] == [503, 503], answers
+    first_refusal = next(detail for code, detail in answers if code == 503)
+    assert first_refusal == "ingest stopped: the audit worker process died; restart the service"
+    assert (
+        answers[-1][1] == "ingest stopped after the audit worker process died; restart the service"
+    )
+    store = ServiceStore(db)
+    try:
+        assert acknowledged <= set(stored_keys(store))
+    finally:
+        store.close()
 
 
 def test_a_second_server_on_the_same_database_gets_a_clear_error(tmp_path):

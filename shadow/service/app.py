@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -321,7 +322,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         state["last_submit"] = time.monotonic()
         pipeline = runtime().pipeline
         if pipeline.broken:
-            raise HTTPException(503, "ingest stopped after a storage failure; restart the service")
+            raise HTTPException(
+                503, f"ingest stopped after {pipeline.broken_reason}; restart the service"
+            )
 
         def work() -> dict[str, Any] | None:
             with ingest_turn:
@@ -337,6 +340,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             result = await run_in_threadpool(work)
         except StorageError as error:  # nothing of this batch is stored: say why
             raise HTTPException(507 if error.disk_full else 503, str(error)) from None
+        except BrokenProcessPool:  # killed from outside (OOM): nothing of this batch stored
+            raise HTTPException(
+                503, "ingest stopped: the audit worker process died; restart the service"
+            ) from None
         if result is None:
             _hit("batch_events")
             raise HTTPException(

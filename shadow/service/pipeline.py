@@ -23,6 +23,7 @@ from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from operator import itemgetter
 from types import SimpleNamespace
@@ -229,6 +230,8 @@ class Pipeline:
         #: Set when a commit failed after the batch was applied in memory; the owner must
         #: build a new pipeline from the database (`start`) before submitting more.
         self.broken = False
+        #: what broke it, for the error that refuses later batches
+        self.broken_reason = ""
         #: writes acknowledged batches in order, outside the lock (see `committer`)
         self.committer = GroupCommitter(
             store.commit,
@@ -296,6 +299,7 @@ class Pipeline:
 
     def _commit_failed(self, error: BaseException) -> None:
         self.broken = True  # memory ran ahead of the database: rebuild before more
+        self.broken_reason = "a storage failure"
 
     # -- receipt --------------------------------------------------------------------
 
@@ -420,10 +424,15 @@ class Pipeline:
                         upto = self._max_ts  # apply what is held now rather than hold more
                     job = self._release(upto, batch)
                     self._forget_finished_progress()
-            except BaseException:
+            except BaseException as error:
                 # the memory of seqs, ids and the mirror may have run ahead of the
                 # database: nothing more until it is rebuilt from there
                 self.broken = True
+                self.broken_reason = (
+                    "the audit worker process died"
+                    if isinstance(error, BrokenProcessPool)
+                    else f"an internal error ({type(error).__name__})"
+                )
                 raise
         return result, job
 

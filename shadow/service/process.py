@@ -24,11 +24,20 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(
-        self, db: Path, config: Path | None = None, *, demo: bool = False, port: int | None = None
+        self,
+        db: Path,
+        config: Path | None = None,
+        *,
+        demo: bool = False,
+        port: int | None = None,
+        own_group: bool = False,
     ) -> None:
+        """`own_group`: the server and its workers in a process group of their own, to be
+        signalled together as Ctrl-C or `timeout` would (`signal_group`)."""
         self.db = db
         self.config = config
         self.demo = demo
+        self.own_group = own_group
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -47,6 +56,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=self.own_group,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -59,6 +69,11 @@ class ServerProcess:
             except httpx.HTTPError:
                 time.sleep(0.1)
         raise TimeoutError(f"shadow serve did not answer on {self.url} within {timeout} s")
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the server's whole process group (started with `own_group`)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signum)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -27,14 +28,24 @@ def exit_with_parent() -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
+def ignore_stop_signals() -> None:
+    """Ctrl-C, `timeout` and `kill -- -PGID` signal the whole process group. The server
+    stops its workers itself once the batches in flight are answered; a worker that died
+    first failed them instead (a broken pool: 500s and a traceback on the way out)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _audit_init(config: AuditConfig, invariants: InvariantConfig | None, sweep: float) -> None:
     exit_with_parent()
+    ignore_stop_signals()
     start_worker(config, invariants, sweep)
     tune_interpreter()
 
 
 def _window_init() -> None:
     exit_with_parent()
+    ignore_stop_signals()
     tune_interpreter()
 
 
