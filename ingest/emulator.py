@@ -102,7 +102,7 @@ class _Request:
         await self.waiter
 
 
-class _QuietServer(uvicorn.Server):
+class QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signal handlers alone: the fleet runs inside
     someone else's process (the service's demo, a test), G servers at once."""
 
@@ -169,7 +169,7 @@ class _Worker:
     running: dict[_Request, None] = field(default_factory=dict)  # insertion-ordered set
     waiting: deque[_Request] = field(default_factory=deque)
     alive: bool = True
-    server: _QuietServer | None = None
+    server: QuietServer | None = None
     task: asyncio.Task[None] | None = None
     url: str = ""
     metrics: _Metrics | None = None
@@ -255,7 +255,7 @@ class EmulatedFleet:
                 backlog=2048,
                 timeout_keep_alive=60,
             )
-            worker.server = _QuietServer(config)
+            worker.server = QuietServer(config)
             worker.task = asyncio.create_task(worker.server.serve(sockets=[sock]))
             host = f"[{self.host}]" if ":" in self.host else self.host
             worker.url = f"http://{host}:{port}"

@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from typing import Any
 
 import httpx
 
 log = logging.getLogger(__name__)
+#: while the service cannot be reached, a warning this often (the first at once)
+OUTAGE_WARN_EVERY_S = 10.0
 
 
 class HttpEventSink:
@@ -49,6 +52,8 @@ class HttpEventSink:
         self.sent = 0
         self.dropped = 0
         self.failures = 0
+        #: (monotonic start, last warning) of the current outage; None while posts succeed
+        self._outage: tuple[float, float] | None = None
 
     def put(self, event: dict[str, Any]) -> None:
         """Queue one event (adds `fleet`, `source`, `seq`); never blocks."""
@@ -92,12 +97,27 @@ class HttpEventSink:
                     )  # fmt: skip
             except httpx.HTTPError as error:
                 self.failures += 1
-                log.warning("event sink %s: %s; %d events kept", self.source, error, count)
+                self._warn(error)
                 return False
             for _ in range(count):
                 self._buffer.popleft()
             self.sent += count
+            if self._outage is not None:
+                down = time.monotonic() - self._outage[0]
+                log.warning("event sink %s: service reached again after %.1f s", self.source, down)
+                self._outage = None
         return True
+
+    def _warn(self, error: BaseException) -> None:
+        """One warning when an outage starts, then one every `OUTAGE_WARN_EVERY_S`: the
+        sink retries every flush interval, and a line a retry buried the log."""
+        now = time.monotonic()
+        if self._outage is not None and now - self._outage[1] < OUTAGE_WARN_EVERY_S:
+            return
+        since = now if self._outage is None else self._outage[0]
+        self._outage = (since, now)
+        log.warning("event sink %s: %s; %d events kept, retrying", self.source, error,
+                    len(self._buffer))  # fmt: skip
 
     async def aclose(self) -> None:
         if self._task is not None:

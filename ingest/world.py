@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from ingest.emulator import EmulatedFleet
+from ingest.emulator import EmulatedFleet, QuietServer
 from ingest.router import Router
 from ingest.sink import HttpEventSink
 from ingest.tap import Tap
@@ -69,7 +69,10 @@ class World:
 
     async def _serve(self, app: object) -> str:
         port = free_port()
-        server = uvicorn.Server(
+        # leaves signal handlers alone: the world runs inside the demo's process, which
+        # ignores Ctrl-C and is stopped by the service (a handler here made the demo
+        # quit first, and the service's shutdown fail)
+        server = QuietServer(
             uvicorn.Config(
                 app,
                 host="127.0.0.1",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -46,9 +45,9 @@ def demo_workload(plan: DemoPlan) -> Workload:
 
 def world_main(conn: Connection, plan: DemoPlan) -> None:
     """Child process: run the world and loop the trace until the parent says stop."""
-    from shadow.service.workers import exit_with_parent
+    from shadow.service.workers import exit_with_parent, ignore_stop_signals
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tells us
+    ignore_stop_signals()  # the parent handles Ctrl-C (and SIGTERM) and tells us
     exit_with_parent()
     asyncio.run(_world(conn, plan))
 

@@ -1,0 +1,73 @@
+"""The tap's HTTP event sink while the service is down: events are kept, and the log
+says so once per outage (then every `OUTAGE_WARN_EVERY_S`), not once per retry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import FastAPI, Request
+
+import ingest.sink
+from ingest.sink import HttpEventSink
+from shadow.service.process import free_port
+from tests.service_helpers import ThreadedServer
+
+
+def test_an_outage_keeps_the_events_and_warns_once_then_periodically(caplog, monkeypatch):
+    async def scenario() -> list[str]:
+        sink = HttpEventSink(f"http://127.0.0.1:{free_port()}", source="tap")  # nobody there
+        await sink.start()
+        try:
+            for i in range(5):
+                sink.put({"type": "progress", "ts": float(i), "request_id": "r", "generated": i})
+                assert await sink.flush() is False
+            quiet = [r.getMessage() for r in caplog.records]
+            monkeypatch.setattr(ingest.sink, "OUTAGE_WARN_EVERY_S", 0.0)
+            assert await sink.flush() is False
+        finally:
+            sink._task.cancel()  # no final flush: the service never came
+        assert sink.failures >= 6 and len(sink._buffer) == 5  # every event still kept
+        return quiet
+
+    with caplog.at_level(logging.WARNING, logger="ingest.sink"):
+        quiet = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    assert len(quiet) == 1 and "retrying" in quiet[0] and "tap" in quiet[0]
+    assert len(caplog.records) == 2  # the interval passed: one more
+    assert "5 events kept" in caplog.records[-1].getMessage()
+
+
+def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog):
+    app = FastAPI()
+    received: list[bytes] = []
+
+    @app.post("/v1/events")
+    async def events(request: Request) -> dict[str, int]:
+        received.append(await request.body())
+        return {"accepted": 1}
+
+    port = free_port()
+    server = ThreadedServer(app, port=port)
+
+    async def scenario() -> int:
+        sink = HttpEventSink(f"http://127.0.0.1:{port}", source="tap")
+        await sink.start()
+        try:
+            sink.put({"type": "progress", "ts": 1.0, "request_id": "r", "generated": 1})
+            assert await sink.flush() is False  # not up yet
+            await asyncio.to_thread(server.start)
+            sink.put({"type": "progress", "ts": 2.0, "request_id": "r", "generated": 2})
+            assert await sink.flush() is True
+        finally:
+            await sink.aclose()
+        return sink.sent
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="ingest.sink"):
+            assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == 2
+    finally:
+        server.stop()
+    assert b"".join(received).count(b'"seq"') == 2  # both events, sent once
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and "retrying" in messages[0]
+    assert "service reached again after" in messages[1]
