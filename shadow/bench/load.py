@@ -224,9 +224,9 @@ def run(
                     tally.behind_s[index] = behind
                     tally.max_behind_s = max(tally.max_behind_s, behind)
                     tally.latencies_ms.append(elapsed)
-                    if ok and time.monotonic() <= stop_at:
-                        tally.in_window += size
                     if ok:
+                        if time.monotonic() <= stop_at:
+                            tally.in_window += size
                         for kind, n in templates[i].counts.items():
                             tally.events[kind] = tally.events.get(kind, 0) + n
                         tally.batches_acked.append((index, k, i))
@@ -286,7 +286,7 @@ def run(
     acked_progress = acked.pop("progress", 0)
     lost = {k: acked[k] - stored.get(k, 0) for k in acked if acked[k] > stored.get(k, 0)}
     latencies = sorted(tally.latencies_ms)
-    warm = [(t, *kib) for t, *kib in rss if t >= WARM_UP_S] or rss
+    warm = [sample for sample in rss if sample[0] >= WARM_UP_S] or rss
     total_mib = [(t, (server + workers) / 1024) for t, server, workers in warm]
     total = sum(tally.events.values())
     return {

@@ -69,12 +69,16 @@ class SurvivalPredictor(Predictor):
         length = int(output_tokens)
         if length < 1:
             raise ValueError("output lengths must be >= 1")
-        if length >= self._counts.shape[0]:
-            self._counts = np.concatenate(
-                (self._counts, np.zeros(length + 1 - self._counts.shape[0], dtype=np.int64))
-            )
+        self._grow(length)
         self._counts[length] += 1
         self._table_cache = None
+
+    def _grow(self, longest: int) -> None:
+        """Room in the histogram for outputs of `longest` tokens."""
+        if longest >= self._counts.shape[0]:
+            self._counts = np.concatenate(
+                (self._counts, np.zeros(longest + 1 - self._counts.shape[0], dtype=np.int64))
+            )
 
     def observe_many(
         self, output_tokens: np.ndarray, prompt_keys: np.ndarray | None = None
@@ -84,11 +88,7 @@ class SurvivalPredictor(Predictor):
             return
         if lengths.min() < 1:
             raise ValueError("output lengths must be >= 1")
-        longest = int(lengths.max())
-        if longest >= self._counts.shape[0]:
-            self._counts = np.concatenate(
-                (self._counts, np.zeros(longest + 1 - self._counts.shape[0], dtype=np.int64))
-            )
+        self._grow(int(lengths.max()))
         np.add.at(self._counts, lengths, 1)
         self._table_cache = None
 

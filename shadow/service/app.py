@@ -342,7 +342,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             raise HTTPException(507 if error.disk_full else 503, str(error)) from None
         except BrokenProcessPool:  # killed from outside (OOM): nothing of this batch stored
             raise HTTPException(
-                503, "ingest stopped: the audit worker process died; restart the service"
+                503, f"ingest stopped: {pipeline.broken_reason}; restart the service"
             ) from None
         if result is None:
             _hit("batch_events")

@@ -103,6 +103,9 @@ class IngestResult:
         }
 
 
+_INGEST_ID = itemgetter(2)
+
+
 class _ReorderBuffer:
     """Events waiting for their turn, released in `(ts, class order, ingest_id)` order.
 
@@ -123,9 +126,10 @@ class _ReorderBuffer:
         return sum(map(len, self._runs.values())) + len(self._late)
 
     def push(self, entry: tuple[float, int, int, Any]) -> None:
-        run = self._runs.get(entry[3].fleet)
+        fleet = entry[3].fleet
+        run = self._runs.get(fleet)
         if run is None:
-            run = self._runs[entry[3].fleet] = []
+            run = self._runs[fleet] = []
         if not run or entry > run[-1]:
             run.append(entry)
         else:
@@ -151,9 +155,6 @@ class _ReorderBuffer:
         if self._late:
             ids.append(min(map(_INGEST_ID, self._late)))
         return min(ids) if ids else None
-
-
-_INGEST_ID = itemgetter(2)
 
 
 class FleetState:
@@ -227,10 +228,9 @@ class Pipeline:
         self.bound_hits: Counter[str] = Counter({name: 0 for name in BOUNDS})
         self._admitted_workers: dict[str, set[str]] = {}
         self._finished_progress: deque[tuple[float, tuple[str, str]]] = deque()
-        #: Set when a commit failed after the batch was applied in memory; the owner must
-        #: build a new pipeline from the database (`start`) before submitting more.
-        self.broken = False
-        #: what broke it, for the error that refuses later batches
+        #: What broke the pipeline ("" while it works): a commit failed after the batch
+        #: was applied in memory, or applying failed; the owner must build a new pipeline
+        #: from the database (`start`) before submitting more.
         self.broken_reason = ""
         #: writes acknowledged batches in order, outside the lock (see `committer`)
         self.committer = GroupCommitter(
@@ -297,8 +297,12 @@ class Pipeline:
         """Commit what is queued and stop the commit thread (after `drain`)."""
         self.committer.close()
 
+    @property
+    def broken(self) -> bool:
+        return bool(self.broken_reason)
+
     def _commit_failed(self, error: BaseException) -> None:
-        self.broken = True  # memory ran ahead of the database: rebuild before more
+        # memory ran ahead of the database: rebuild before more
         self.broken_reason = "a storage failure"
 
     # -- receipt --------------------------------------------------------------------
@@ -365,16 +369,10 @@ class Pipeline:
                             result.errors.append(EventError(position, None, field_name, message))
                             continue
                     seq = event.seq
-                    memory = None
-                    if seq is not None:
-                        memory = self._seqs.get((fleet, event.source))
-                        if memory is None:
-                            memory = self._seq_memory(fleet, event.source)
-                        if not memory.add(seq):
-                            result.duplicates += 1
-                            counts[(fleet, kind, "duplicate")] += 1
-                            continue
-                    if not self._is_new(event, kind, memory):
+                    memory = None if seq is None else self._seq_memory(fleet, event.source)
+                    if (memory is not None and not memory.add(seq)) or not self._is_new(
+                        event, kind, memory
+                    ):
                         result.duplicates += 1
                         counts[(fleet, kind, "duplicate")] += 1
                         continue
@@ -427,7 +425,6 @@ class Pipeline:
             except BaseException as error:
                 # the memory of seqs, ids and the mirror may have run ahead of the
                 # database: nothing more until it is rebuilt from there
-                self.broken = True
                 self.broken_reason = (
                     "the audit worker process died"
                     if isinstance(error, BrokenProcessPool)
