@@ -838,7 +838,10 @@ class Pipeline:
 
 def _lifecycle_row(ingest_id: int, event: Any) -> tuple:
     kind = event.type
-    get = event.__dict__.get
+
+    def get(name: str) -> Any:
+        return getattr(event, name, None)  # events have slots: only their kind's fields
+
     view = get("router_view")
     if view is not None:
         view = json.dumps(
