@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from ingest.events import parse_ndjson
-from shadow.service.pipeline import Pipeline, PipelineConfig
+from shadow.audit import AuditFollower
+from shadow.service.pipeline import Limits, Pipeline, PipelineConfig
 from shadow.service.store import ServiceStore
 
 
@@ -139,3 +142,47 @@ def test_out_of_order_events_within_the_window_are_applied_in_order(pipeline):
     send(pipeline, *fleet(), dispatch("r1", "w0", ts=1.2), ready("r1", ts=1.0))
     assert kinds(pipeline) == []
     assert "r1" in pipeline.fleets["default"].mirror.workers["w0"].active
+
+
+class SlowAuditWorker(ThreadPoolExecutor):
+    """The audit worker process, stand-in: its own follower, slower than ingest."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.follower = AuditFollower()
+
+    def submit(self, fn, stream):
+        def audit():
+            time.sleep(0.02)
+            return self.follower.run(stream)
+
+        return super().submit(audit)
+
+
+def test_a_slow_audit_worker_holds_ingest_back_at_max_audit_backlog(tmp_path):
+    """The backlog handed to the audit worker stays within its bound (ingest waits for the
+    oldest batch instead), the waits are counted, and every dispatch is still audited."""
+    store = ServiceStore(tmp_path / "backlog.duckdb")
+    config = PipelineConfig(windows_enabled=False, limits=Limits(max_audit_backlog=2))
+    worker = SlowAuditWorker()
+    pipeline = Pipeline(store, config, audit_executor=worker)
+    pipeline.start()
+    backlogs = []
+    for i in range(12):
+        rid = f"r{i}"
+        body = "\n".join(json.dumps(e) for e in [
+            *(fleet() if i == 0 else []),
+            ready(rid, ts=1.0 + i),
+            dispatch(rid, "w0" if i % 2 else "w1", ts=1.0 + i),
+            {"type": "finish", "ts": 1.5 + i, "request_id": rid, "output_tokens": 3,
+             "reason": "stop"},
+        ])  # fmt: skip
+        pipeline.submit(parse_ndjson(body)[0])
+        backlogs.append(pipeline.audit_backlog)
+    pipeline.drain()
+    assert max(backlogs) == 2
+    assert pipeline.bound_hits["audit_backlog"] > 0
+    audited = store.query("SELECT count(DISTINCT request_id) AS n FROM decisions")[0]["n"]
+    assert audited == 12
+    store.close()
+    worker.shutdown()

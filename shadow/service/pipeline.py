@@ -78,10 +78,13 @@ class Limits:
     max_active_per_fleet: int = 200_000
     #: dedupe memory of a finished request's progress is kept this long (fleet time)
     finished_ttl_s: float = 300.0
+    #: batches handed to the audit worker and not audited yet; past it, ingest waits for
+    #: the oldest (the audit's memory and lag stay bounded when it falls behind)
+    max_audit_backlog: int = 64
 
 
 BOUNDS = ("body_bytes", "batch_events", "reorder_buffer", "fleets", "workers_per_fleet",
-          "active_per_fleet", "page_size")  # fmt: skip
+          "active_per_fleet", "page_size", "audit_backlog")  # fmt: skip
 
 
 @dataclass
@@ -570,7 +573,12 @@ class Pipeline:
             (item[5][0] for item in stream if item[0] == "dispatch" and item[5] is not None),
             float("inf"),
         )
-        self._audit_pending.append((first, self.audit_executor.submit(run_in_worker, stream)))
+        pending = self._audit_pending
+        pending.append((first, self.audit_executor.submit(run_in_worker, stream)))
+        if len(pending) > self.config.limits.max_audit_backlog:
+            # the worker fell behind: wait for its oldest batch rather than queue more
+            self.bound_hits["audit_backlog"] += 1
+            self._audit_done.extend(pending.pop(0)[1].result())
 
     @property
     def audit_backlog(self) -> int:

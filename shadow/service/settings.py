@@ -59,6 +59,7 @@ class ServiceSettings(BaseModel):
     max_workers_per_fleet: int = Field(1024, ge=1)
     max_active_per_fleet: int = Field(200_000, ge=1)
     finished_ttl_s: float = Field(300.0, gt=0)
+    max_audit_backlog: int = Field(64, ge=1)
     duckdb_memory_mb: int = Field(512, ge=64)
     reorder_window_s: float = Field(2.0, ge=0)
     idle_flush_s: float = Field(0.5, gt=0)
@@ -142,6 +143,7 @@ class ServiceSettings(BaseModel):
                 max_workers_per_fleet=self.max_workers_per_fleet,
                 max_active_per_fleet=self.max_active_per_fleet,
                 finished_ttl_s=self.finished_ttl_s,
+                max_audit_backlog=self.max_audit_backlog,
             ),
             reorder_window_s=self.reorder_window_s,
             audit_enabled=self.audit,
