@@ -96,7 +96,15 @@ def database_size(db: Path) -> int:
 
 
 def run(requests: int = 10_000, workdir: Path | None = None) -> dict:
-    root = Path(workdir or tempfile.mkdtemp(prefix="shadow-bench-"))
+    """Both ingest benchmarks in `workdir` (kept), or in a temporary folder removed after."""
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        return _run_in(workdir, requests)
+    with tempfile.TemporaryDirectory(prefix="shadow-bench-") as root:
+        return _run_in(Path(root), requests)
+
+
+def _run_in(root: Path, requests: int) -> dict:
     recording = record(root, requests)
     file_result = bench_file(recording, root / "file.duckdb")
     size = database_size(root / "file.duckdb")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -165,10 +166,28 @@ def run(
     workdir: Path | None = None,
     note=print,
 ) -> dict[str, Any]:
-    import tempfile
+    """Run the load test in `workdir` (kept), or in a temporary folder removed afterwards
+    (the database of a 5-minute run is about 75 MB)."""
+    settings = dict(rate=rate, duration_s=duration_s, batch=batch, senders=senders,
+                    requests=requests, duckdb_memory_mb=duckdb_memory_mb, note=note)  # fmt: skip
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        return _run_in(workdir, **settings)
+    with tempfile.TemporaryDirectory(prefix="shadow-load-") as root:
+        return _run_in(Path(root), **settings)
 
-    root = Path(workdir or tempfile.mkdtemp(prefix="shadow-load-"))
-    root.mkdir(parents=True, exist_ok=True)
+
+def _run_in(
+    root: Path,
+    *,
+    rate: float,
+    duration_s: float,
+    batch: int,
+    senders: int,
+    requests: int,
+    duckdb_memory_mb: int | None,
+    note,
+) -> dict[str, Any]:
     recording = record(root, requests)
     templates, workers = batch_templates(recording.log, batch)
     per_pass = sum(sum(t.counts.values()) for t in templates)
