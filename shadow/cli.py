@@ -885,13 +885,20 @@ def audit_verify(db: DbOption = DEFAULT_DB, url: UrlOption = None) -> None:
 @bench_app.command("ingest")
 def bench_ingest(
     requests: Annotated[int, typer.Option(min=100, help="Requests in the recorded log.")] = 10_000,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Keep the recording and databases here (default: a temporary "
+            "folder, removed afterwards)."
+        ),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Sustained events/s from a file and over HTTP, audit and invariants on."""
     from shadow.bench import ingest as bench
 
     with console.status("recording and ingesting (file, then HTTP)"):
-        report = bench.run(requests)
+        report = bench.run(requests, workdir)
     log = report["log"]
     table = Table(
         title=f"Ingest: {log['events']:,} events, 8 workers, {log['fleet_seconds']:.0f} s "
@@ -932,6 +939,13 @@ def bench_load(
             "warm-up and the memory judged after it is the rest of the service's.",
         ),
     ] = 64,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Keep the recording and databases here (default: a temporary "
+            "folder, removed afterwards)."
+        ),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Sustained HTTP ingest at a fixed rate, audit on; checks every acknowledged event
@@ -940,7 +954,7 @@ def bench_load(
     from shadow.bench import load as bench
 
     report = bench.run(rate=rate, duration_s=duration, batch=batch, senders=senders,
-                       duckdb_memory_mb=duckdb_memory_mb,
+                       duckdb_memory_mb=duckdb_memory_mb, workdir=workdir,
                        note=lambda m: console.print(m))  # fmt: skip
     latency, rss = report["latency_ms"], report["rss_mib"]
     console.print(
