@@ -1,4 +1,5 @@
-"""The event schema of ARCHITECTURE.md ("Events (the tap's vocabulary)") as pydantic v2 models.
+"""The event schema of ARCHITECTURE.md ("Events (the tap's vocabulary)") as frozen
+pydantic v2 dataclasses.
 
 One discriminated union (`Event`, on `type`) validated straight from JSON bytes by a
 module-level `TypeAdapter`, so one event costs a few microseconds. Parsing accepts

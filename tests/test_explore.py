@@ -201,6 +201,11 @@ def test_ui_pages_are_served_with_security_headers(service):
         assert "script-src 'self'" in response.headers["content-security-policy"]
         assert response.headers["x-content-type-options"] == "nosniff"
         assert response.headers["x-frame-options"] == "DENY"
+    api = client.get("/v1/fleets")  # the API's answers carry them too
+    assert api.headers["x-frame-options"] == "DENY" and "content-security-policy" in api.headers
+    docs = client.get("/docs")  # FastAPI's Swagger page loads its own scripts: no CSP there
+    assert docs.status_code == 200 and "content-security-policy" not in docs.headers
+    assert docs.headers["x-content-type-options"] == "nosniff"
 
 
 # -- pure pieces ---------------------------------------------------------------------

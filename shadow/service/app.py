@@ -266,17 +266,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     tokens = settings.token_table()
     state["auth_denied"] = Counter({401: 0, 403: 0})
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        denied = auth.check(
-            tokens, request.method, request.url.path, request.headers.get("authorization")
-        )
-        if denied is None:
-            return await call_next(request)
-        state["auth_denied"][denied.status] += 1
-        headers = {"WWW-Authenticate": 'Bearer realm="shadow"'} if denied.status == 401 else {}
-        return JSONResponse({"detail": denied.message}, status_code=denied.status,
-                            headers=headers)  # fmt: skip
+    app.add_middleware(auth.BearerAuth, tokens=tokens, denied=state["auth_denied"])
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -16,9 +16,14 @@ import hashlib
 import hmac
 import ipaddress
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 Role = Literal["ingest", "operator", "read"]
 ROLES: tuple[Role, ...] = ("ingest", "operator", "read")
@@ -106,3 +111,31 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class BearerAuth:
+    """Checks every HTTP request's bearer token (`check`) before the app sees it, as plain
+    ASGI (Starlette's `@app.middleware("http")` costs a task group a request); counts
+    refusals by status in `denied`."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenTable, denied: Counter[int]) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.denied = denied
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refused = check(
+            self.tokens, request.method, request.url.path, request.headers.get("authorization")
+        )
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        self.denied[refused.status] += 1
+        headers = {"WWW-Authenticate": 'Bearer realm="shadow"'} if refused.status == 401 else {}
+        response = JSONResponse({"detail": refused.message}, status_code=refused.status,
+                                headers=headers)  # fmt: skip
+        await response(scope, receive, send)

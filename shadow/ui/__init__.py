@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 STATIC = Path(__file__).parent / "static"
 OWN_POLICY = ("/docs", "/redoc", "/docs/oauth2-redirect")
@@ -37,11 +39,29 @@ def mount_ui(app: FastAPI) -> None:
     for path in PAGES:
         app.add_api_route(path, page, methods=["GET"], include_in_schema=False)
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next):
-        response = await call_next(request)
-        for name, value in SECURITY_HEADERS.items():
-            if name == "Content-Security-Policy" and request.url.path in OWN_POLICY:
-                continue  # FastAPI's Swagger and ReDoc pages load their own scripts
-            response.headers.setdefault(name, value)
-        return response
+    app.add_middleware(SecurityHeaders)
+
+
+class SecurityHeaders:
+    """Adds `SECURITY_HEADERS` to every response, as plain ASGI: Starlette's
+    `@app.middleware("http")` runs each request in a task group of its own and leaves a
+    cycle of tasks, cancel scopes and tracebacks for the garbage collector."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        own_policy = scope["path"] in OWN_POLICY  # FastAPI's Swagger and ReDoc load scripts
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if not (own_policy and name == "Content-Security-Policy"):
+                        headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
