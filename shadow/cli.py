@@ -882,16 +882,20 @@ def audit_verify(db: DbOption = DEFAULT_DB, url: UrlOption = None) -> None:
     raise fail(f"audit log broken at row {bad}: {problem}")
 
 
+#: where `bench ingest` and `bench load` keep their files
+BenchWorkdir = Annotated[
+    Path | None,
+    typer.Option(
+        help="Keep the recording and databases here (default: a temporary folder, "
+        "removed afterwards)."
+    ),
+]
+
+
 @bench_app.command("ingest")
 def bench_ingest(
     requests: Annotated[int, typer.Option(min=100, help="Requests in the recorded log.")] = 10_000,
-    workdir: Annotated[
-        Path | None,
-        typer.Option(
-            help="Keep the recording and databases here (default: a temporary "
-            "folder, removed afterwards)."
-        ),
-    ] = None,
+    workdir: BenchWorkdir = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Sustained events/s from a file and over HTTP, audit and invariants on."""
@@ -939,13 +943,7 @@ def bench_load(
             "warm-up and the memory judged after it is the rest of the service's.",
         ),
     ] = 64,
-    workdir: Annotated[
-        Path | None,
-        typer.Option(
-            help="Keep the recording and databases here (default: a temporary "
-            "folder, removed afterwards)."
-        ),
-    ] = None,
+    workdir: BenchWorkdir = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Sustained HTTP ingest at a fixed rate, audit on; checks every acknowledged event

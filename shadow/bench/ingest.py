@@ -4,7 +4,6 @@ pipeline `shadow ingest` uses, and over HTTP in batches through `shadow serve`."
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import httpx
 from ingest.events import iter_file
 from ingest.synthetic import generate
 from ingest.traces import retime
+from shadow.bench.workspace import workspace
 from shadow.policies import make_policy
 from shadow.replay import replay
 from shadow.replay.events import write_events
@@ -96,12 +96,9 @@ def database_size(db: Path) -> int:
 
 
 def run(requests: int = 10_000, workdir: Path | None = None) -> dict:
-    """Both ingest benchmarks in `workdir` (kept), or in a temporary folder removed after."""
-    if workdir is not None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        return _run_in(workdir, requests)
-    with tempfile.TemporaryDirectory(prefix="shadow-bench-") as root:
-        return _run_in(Path(root), requests)
+    """Both ingest benchmarks in `workdir` (kept), or in a temporary folder (`workspace`)."""
+    with workspace(workdir, "shadow-bench-") as root:
+        return _run_in(root, requests)
 
 
 def _run_in(root: Path, requests: int) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import httpx
 import numpy as np
 
 from shadow.bench.ingest import record
+from shadow.bench.workspace import workspace
 from shadow.service.footprint import process_tree, resident_bytes
 from shadow.service.process import ServerProcess
 from shadow.service.store import LATEST_PROGRESS
@@ -166,15 +166,10 @@ def run(
     workdir: Path | None = None,
     note=print,
 ) -> dict[str, Any]:
-    """Run the load test in `workdir` (kept), or in a temporary folder removed afterwards
-    (the database of a 5-minute run is about 75 MB)."""
-    settings = dict(rate=rate, duration_s=duration_s, batch=batch, senders=senders,
-                    requests=requests, duckdb_memory_mb=duckdb_memory_mb, note=note)  # fmt: skip
-    if workdir is not None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        return _run_in(workdir, **settings)
-    with tempfile.TemporaryDirectory(prefix="shadow-load-") as root:
-        return _run_in(Path(root), **settings)
+    """Run the load test in `workdir` (kept), or in a temporary folder (see `workspace`)."""
+    with workspace(workdir, "shadow-load-") as root:
+        return _run_in(root, rate=rate, duration_s=duration_s, batch=batch, senders=senders,
+                       requests=requests, duckdb_memory_mb=duckdb_memory_mb, note=note)  # fmt: skip
 
 
 def _run_in(
