@@ -80,6 +80,40 @@ def test_rmax_sixteen_still_admits_correctly(snapshot, pool, name):
     assert len(admissions) == min(len(pool), int(snapshot.free_slots.sum()))
 
 
+@PROPERTY
+@given(snapshots(), st.integers(0, 8000), st.sampled_from(["br0", "brh-survival"]),
+       st.integers(0, 12))  # fmt: skip
+def test_one_request_goes_where_the_stage_rules_send_it(snapshot, prompt, name, s_greedy):
+    """A round of one request (every round of the decision audit) skips the objective;
+    the worker must still be the one the stage rules of BALANCEROUTE.md pick: with more
+    than S_greedy free slots the emptiest (most free slots, then least load), else the
+    largest safe margin among workers with a free slot (then most free slots)."""
+    policy = make_policy(name, config=BalanceRouteConfig(s_greedy=s_greedy))
+    if name != "br0":
+        trained(policy.predictor)
+    pool = ReadyPool.from_arrays(["only"], [prompt], [0])
+    admissions = policy.admit(snapshot, pool)
+    free = snapshot.free_slots.astype(np.int64)
+    if free.sum() == 0:
+        assert admissions == []
+        return
+    index = np.arange(free.shape[0])
+    load = snapshot.load.astype(np.float64)
+    if free.sum() > s_greedy:
+        expected = int(np.lexsort((index, load, -free))[0])
+    else:
+        if name == "br0":
+            margins = load.max() - load
+        else:
+            projection = policy.project(snapshot)
+            margins = (projection.max(axis=0) - projection).min(axis=1)
+        margins = np.where(free > 0, margins, -np.inf)
+        expected = int(np.lexsort((index, -free, -margins))[0])
+    assert [(a.request_id, a.worker) for a in admissions] == [
+        ("only", snapshot.worker_ids[expected])
+    ]
+
+
 @pytest.mark.parametrize("name", ["br0", "brh-survival", "brh-oracle"])
 def test_starvation_guard_admits_a_prompt_larger_than_every_margin(name):
     workers = [

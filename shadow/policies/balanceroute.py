@@ -161,9 +161,12 @@ def two_stage_admission(
     # Stage 1: while many slots are free, the emptiest worker takes its best single request.
     while slots > config.s_greedy and len(decided) < pool_size:
         g = int(np.lexsort((worker_index, picture.current, -free))[0])
-        scores = picture.objective(g).values(prompts)
-        scores[taken] = -np.inf
-        i = int(np.argmax(scores))
+        if len(decided) == pool_size - 1:  # one request left: it is the best, unscored
+            i = int(np.flatnonzero(~taken)[0])
+        else:
+            scores = picture.objective(g).values(prompts)
+            scores[taken] = -np.inf
+            i = int(np.argmax(scores))
         taken[i] = True
         picture.add(g, int(prompts[i]))
         free[g] -= 1
@@ -177,12 +180,18 @@ def two_stage_admission(
         margins = np.where(free > 0, picture.safe_margins(), -np.inf)
         g = int(np.lexsort((worker_index, -free, -margins))[0])
         candidates = queue[: config.r_max]
-        sizes = prompts[candidates]
-        objective = picture.objective(g)
-        choice = best_subset(objective, sizes.tolist(), int(free[g]))
-        positions = choice.positions
-        if choice.score <= 0:
-            positions = (int(np.argmax(objective.values(sizes))),)
+        if len(candidates) == 1:
+            # One candidate goes in either way, by the best subset or by the starvation
+            # guard: no objective to build (the decision audit's every round, and the
+            # last of most rounds).
+            positions: tuple[int, ...] = (0,)
+        else:
+            sizes = prompts[candidates]
+            objective = picture.objective(g)
+            choice = best_subset(objective, sizes.tolist(), int(free[g]))
+            positions = choice.positions
+            if choice.score <= 0:
+                positions = (int(np.argmax(objective.values(sizes))),)
         for position in positions:
             i = candidates[position]
             picture.add(g, int(prompts[i]))

@@ -93,24 +93,27 @@ class SurvivalPredictor(Predictor):
         self._table_cache = None
 
     def _table(self) -> tuple[np.ndarray, np.ndarray]:
-        """`N(x) = #(O > x)` for `x = 0..longest` (zero beyond) and its prefix sums."""
+        """`N(x) = #(O > x)` for `x = 0..longest` and one zero past it (as float), and
+        its prefix sums. Built once per change of the histogram: a prediction is then
+        gathers only (the audit predicts on every dispatch)."""
         if self._table_cache is None:
-            survivors = self._counts.sum() - np.cumsum(self._counts)
-            running = np.empty(survivors.shape[0] + 1, dtype=np.float64)
+            survivors = np.zeros(self._counts.shape[0] + 1, dtype=np.float64)
+            survivors[:-1] = self._counts.sum() - np.cumsum(self._counts)
+            running = np.empty(survivors.shape[0], dtype=np.float64)
             running[0] = 0.0
-            np.cumsum(survivors, out=running[1:])
+            np.cumsum(survivors[:-1], out=running[1:])
             self._table_cache = (survivors, running)
         return self._table_cache
 
     def predict(self, active: ActiveSet, horizon: int) -> Prediction:
         survivors, running = self._table()
-        last = survivors.shape[0] - 1
+        last = survivors.shape[0] - 2
         ages = np.minimum(active.generated, last + 1)
-        alive = np.append(survivors, 0)[ages].astype(np.float64)
+        alive = survivors[ages]
         # sum_{h=0..H} N(a + h): prefix sums, with N = 0 past the longest output.
         upto = np.minimum(ages + horizon + 1, last + 1)
-        total = running[upto] - running[np.minimum(ages, last + 1)]
-        at_horizon = np.append(survivors, 0)[np.minimum(ages + horizon, last + 1)]
+        total = running[upto] - running[ages]
+        at_horizon = survivors[np.minimum(ages + horizon, last + 1)]
         with np.errstate(divide="ignore", invalid="ignore"):
             contribution = np.where(alive > 0, total / alive, horizon + 1.0)
             finish = np.where(alive > 0, 1.0 - at_horizon / alive, 0.0)
