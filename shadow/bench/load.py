@@ -15,7 +15,7 @@ import json
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ import duckdb
 import httpx
 import numpy as np
 
+from shadow.bench.hostprobe import probe_us
 from shadow.bench.ingest import record
 from shadow.bench.workspace import workspace
-from shadow.service.footprint import process_tree, resident_bytes
+from shadow.service.footprint import cpu_seconds, process_tree, resident_bytes
 from shadow.service.process import ServerProcess
 from shadow.service.store import LATEST_PROGRESS
 
@@ -34,6 +35,10 @@ PASS = b"\x00"  # where a batch template takes the pass number
 FLEET = b"\x01"  # where it takes the sender's fleet number
 #: memory is judged after this: start-up, the first passes, DuckDB's pool filling
 WARM_UP_S = 60.0
+#: seconds between progress lines, each with the interval's rate, CPU and host probe
+INTERVAL_S = 30.0
+#: seconds between runs of the host probe
+PROBE_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,34 @@ def _rss_kib(pid: int) -> tuple[int, int]:
     return server, workers
 
 
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds used so far by `pid` and by its descendants (the worker processes)."""
+    server = cpu_seconds(pid) or 0.0
+    workers = sum(cpu_seconds(p) or 0.0 for p in process_tree(pid) if p != pid)
+    return server, workers
+
+
+@dataclass
+class Interval:
+    """One stretch of the run: what was acknowledged, the CPU it took the server and its
+    worker processes, and the host probe (`shadow.bench.hostprobe`) meanwhile."""
+
+    end_s: float
+    events_per_s: float
+    server_cpu_us_per_event: float | None
+    workers_cpu_us_per_event: float | None
+    host_probe_us: float | None
+
+    def line(self) -> str:
+        def us(value: float | None) -> str:
+            return "-" if value is None else f"{value:.1f}"
+
+        return (f"{self.end_s:5.0f} s: {self.events_per_s:,.0f} events/s; CPU per event: "
+                f"server {us(self.server_cpu_us_per_event)} us, workers "
+                f"{us(self.workers_cpu_us_per_event)} us; host probe "
+                f"{us(self.host_probe_us)} us")  # fmt: skip
+
+
 def growth_mib_per_min(series: list[tuple[float, float]]) -> float | None:
     """Least-squares slope of (seconds, MiB) samples, in MiB a minute: flat is ~0."""
     if len(series) < 2:
@@ -164,12 +197,14 @@ def run(
     requests: int = 10_000,
     duckdb_memory_mb: int | None = 64,
     workdir: Path | None = None,
+    interval_s: float = INTERVAL_S,
     note=print,
 ) -> dict[str, Any]:
     """Run the load test in `workdir` (kept), or in a temporary folder (see `workspace`)."""
     with workspace(workdir, "shadow-load-") as root:
         return _run_in(root, rate=rate, duration_s=duration_s, batch=batch, senders=senders,
-                       requests=requests, duckdb_memory_mb=duckdb_memory_mb, note=note)  # fmt: skip
+                       requests=requests, duckdb_memory_mb=duckdb_memory_mb,
+                       interval_s=interval_s, note=note)  # fmt: skip
 
 
 def _run_in(
@@ -181,6 +216,7 @@ def _run_in(
     senders: int,
     requests: int,
     duckdb_memory_mb: int | None,
+    interval_s: float,
     note,
 ) -> dict[str, Any]:
     recording = record(root, requests)
@@ -201,6 +237,7 @@ def _run_in(
     stop_at = time.monotonic() + duration_s
     #: (seconds, server KiB, worker processes KiB)
     rss: list[tuple[float, int, int]] = []
+    intervals: list[Interval] = []
 
     def sender(index: int) -> None:
         """Streams fleet `index` in order, pass after pass, at its share of the rate: a
@@ -257,17 +294,24 @@ def _run_in(
         threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
         for thread in threads:
             thread.start()
-        last_note = started
+        last_note = last_probe = started
+        #: at the start of the interval: (acknowledged events, server CPU s, workers CPU s)
+        mark = (sum(tally.events.values()), *_cpu_s(server.process.pid))
+        probes: list[float] = []
         while any(thread.is_alive() for thread in threads):
             time.sleep(1.0)
             now = time.monotonic()
             rss.append((now - started, *_rss_kib(server.process.pid)))
-            if now - last_note >= 30:
-                last_note = now
-                sent = sum(tally.events.values())
-                pace = sent / (now - started)
-                note(f"{now - started:5.0f} s: {sent:,} events acknowledged ({pace:,.0f}/s), "
-                     f"RSS {(rss[-1][1] + rss[-1][2]) / 1024:,.0f} MiB")  # fmt: skip
+            if now - last_probe >= min(PROBE_EVERY_S, interval_s):
+                last_probe = now
+                probes.append(probe_us())
+            if now - last_note >= interval_s:
+                interval = _interval(now - started, now - last_note, mark, tally, server, probes)
+                intervals.append(interval)
+                note(f"{interval.line()}; {sum(tally.events.values()):,} acknowledged, RSS "
+                     f"{(rss[-1][1] + rss[-1][2]) / 1024:,.0f} MiB")  # fmt: skip
+                last_note, probes = now, []
+                mark = (sum(tally.events.values()), *_cpu_s(server.process.pid))
         wall = time.monotonic() - started
         window = stop_at - started
         with httpx.Client(base_url=server.url, timeout=120) as client:
@@ -360,4 +404,37 @@ def _run_in(
         },
         #: (seconds, server KiB, worker processes KiB)
         "rss_series": rss[:: max(1, len(rss) // 60)],
+        #: per interval (30 s): the rate acknowledged, CPU per event and the host probe; a slow
+        #: stretch with the probe up too is the host, not the service
+        "intervals": [asdict(interval) for interval in intervals],
+        "host_probe_us": _spread([i.host_probe_us for i in intervals]),
+        "server_cpu_us_per_event": _spread([i.server_cpu_us_per_event for i in intervals]),
+        "workers_cpu_us_per_event": _spread([i.workers_cpu_us_per_event for i in intervals]),
     }
+
+
+def _interval(
+    end_s: float,
+    length_s: float,
+    mark: tuple[int, float, float],
+    tally: Tally,
+    server: ServerProcess,
+    probes: list[float],
+) -> Interval:
+    events = sum(tally.events.values()) - mark[0]
+    server_s, workers_s = _cpu_s(server.process.pid)
+    return Interval(
+        end_s=end_s,
+        events_per_s=events / length_s,
+        server_cpu_us_per_event=(server_s - mark[1]) / events * 1e6 if events else None,
+        workers_cpu_us_per_event=(workers_s - mark[2]) / events * 1e6 if events else None,
+        host_probe_us=statistics.median(probes) if probes else None,
+    )
+
+
+def _spread(values: list[float | None]) -> dict[str, float] | None:
+    """Min, median and max of the intervals' values (None without any)."""
+    present = [value for value in values if value is not None]
+    if not present:
+        return None
+    return {"min": min(present), "median": statistics.median(present), "max": max(present)}

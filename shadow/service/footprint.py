@@ -35,3 +35,14 @@ def process_tree(pid: int) -> list[int]:
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
     return found
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time `pid` has used; None when it is gone or `/proc` is not there.
+    The load benchmark divides it by the events acknowledged: CPU per event."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
