@@ -968,15 +968,12 @@ def bench_load(
     )
     console.print(f"ingest latency per batch of {batch}: P50 {latency['p50']:.0f} ms, "
                   f"P99 {latency['p99']:.0f} ms, max {latency['max']:.0f} ms")  # fmt: skip
-    cpu, probe = report["server_cpu_us_per_event"], report["host_probe_us"]
-    if cpu is not None and probe is not None:
-        workers = report["workers_cpu_us_per_event"]
+    cpu, workers = report["server_cpu_us_per_event"], report["workers_cpu_us_per_event"]
+    if cpu is not None and workers is not None:
         console.print(f"CPU per event (median of the 30 s intervals, min-max): server "
                       f"{cpu['median']:.1f} us ({cpu['min']:.1f}-{cpu['max']:.1f}), worker "
                       f"processes {workers['median']:.1f} us ({workers['min']:.1f}-"
-                      f"{workers['max']:.1f}); host probe {probe['median']:.0f} us "
-                      f"({probe['min']:.0f}-{probe['max']:.0f}): when the probe rises with "
-                      "the CPU per event, the host slowed down, not the service")  # fmt: skip
+                      f"{workers['max']:.1f})")  # fmt: skip
     commits = report["commits"]
     console.print(f"group commit: {commits['batches']:,.0f} batches in "
                   f"{commits['transactions']:,.0f} transactions "

@@ -23,7 +23,6 @@ import duckdb
 import httpx
 import numpy as np
 
-from shadow.bench.hostprobe import probe_us
 from shadow.bench.ingest import record
 from shadow.bench.workspace import workspace
 from shadow.service.footprint import cpu_seconds, process_tree, resident_bytes
@@ -35,10 +34,8 @@ PASS = b"\x00"  # where a batch template takes the pass number
 FLEET = b"\x01"  # where it takes the sender's fleet number
 #: memory is judged after this: start-up, the first passes, DuckDB's pool filling
 WARM_UP_S = 60.0
-#: seconds between progress lines, each with the interval's rate, CPU and host probe
+#: seconds between progress lines, each with the interval's rate and CPU per event
 INTERVAL_S = 30.0
-#: seconds between runs of the host probe
-PROBE_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -140,14 +137,15 @@ def _cpu_s(pid: int) -> tuple[float, float]:
 
 @dataclass
 class Interval:
-    """One stretch of the run: what was acknowledged, the CPU it took the server and its
-    worker processes, and the host probe (`shadow.bench.hostprobe`) meanwhile."""
+    """One stretch of the run: what was acknowledged and the CPU it took the server and
+    its worker processes. The audit worker's work per event is fixed by the stream, so its
+    CPU per event rising with the server's points at the host (or at the two processes
+    contending), not at the server's own code."""
 
     end_s: float
     events_per_s: float
     server_cpu_us_per_event: float | None
     workers_cpu_us_per_event: float | None
-    host_probe_us: float | None
 
     def line(self) -> str:
         def us(value: float | None) -> str:
@@ -155,8 +153,7 @@ class Interval:
 
         return (f"{self.end_s:5.0f} s: {self.events_per_s:,.0f} events/s; CPU per event: "
                 f"server {us(self.server_cpu_us_per_event)} us, workers "
-                f"{us(self.workers_cpu_us_per_event)} us; host probe "
-                f"{us(self.host_probe_us)} us")  # fmt: skip
+                f"{us(self.workers_cpu_us_per_event)} us")  # fmt: skip
 
 
 def growth_mib_per_min(series: list[tuple[float, float]]) -> float | None:
@@ -294,23 +291,19 @@ def _run_in(
         threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
         for thread in threads:
             thread.start()
-        last_note = last_probe = started
+        last_note = started
         #: at the start of the interval: (acknowledged events, server CPU s, workers CPU s)
         mark = (sum(tally.events.values()), *_cpu_s(server.process.pid))
-        probes: list[float] = []
         while any(thread.is_alive() for thread in threads):
             time.sleep(1.0)
             now = time.monotonic()
             rss.append((now - started, *_rss_kib(server.process.pid)))
-            if now - last_probe >= min(PROBE_EVERY_S, interval_s):
-                last_probe = now
-                probes.append(probe_us())
             if now - last_note >= interval_s:
-                interval = _interval(now - started, now - last_note, mark, tally, server, probes)
+                interval = _interval(now - started, now - last_note, mark, tally, server)
                 intervals.append(interval)
                 note(f"{interval.line()}; {sum(tally.events.values()):,} acknowledged, RSS "
                      f"{(rss[-1][1] + rss[-1][2]) / 1024:,.0f} MiB")  # fmt: skip
-                last_note, probes = now, []
+                last_note = now
                 mark = (sum(tally.events.values()), *_cpu_s(server.process.pid))
         wall = time.monotonic() - started
         window = stop_at - started
@@ -404,10 +397,8 @@ def _run_in(
         },
         #: (seconds, server KiB, worker processes KiB)
         "rss_series": rss[:: max(1, len(rss) // 60)],
-        #: per interval (30 s): the rate acknowledged, CPU per event and the host probe; a slow
-        #: stretch with the probe up too is the host, not the service
+        #: per interval (30 s): the rate acknowledged and the CPU per event
         "intervals": [asdict(interval) for interval in intervals],
-        "host_probe_us": _spread([i.host_probe_us for i in intervals]),
         "server_cpu_us_per_event": _spread([i.server_cpu_us_per_event for i in intervals]),
         "workers_cpu_us_per_event": _spread([i.workers_cpu_us_per_event for i in intervals]),
     }
@@ -419,7 +410,6 @@ def _interval(
     mark: tuple[int, float, float],
     tally: Tally,
     server: ServerProcess,
-    probes: list[float],
 ) -> Interval:
     events = sum(tally.events.values()) - mark[0]
     server_s, workers_s = _cpu_s(server.process.pid)
@@ -428,7 +418,6 @@ def _interval(
         events_per_s=events / length_s,
         server_cpu_us_per_event=(server_s - mark[1]) / events * 1e6 if events else None,
         workers_cpu_us_per_event=(workers_s - mark[2]) / events * 1e6 if events else None,
-        host_probe_us=statistics.median(probes) if probes else None,
     )
 
 
