@@ -970,7 +970,8 @@ def bench_load(
                   f"P99 {latency['p99']:.0f} ms, max {latency['max']:.0f} ms")  # fmt: skip
     cpu, workers = report["server_cpu_us_per_event"], report["workers_cpu_us_per_event"]
     if cpu is not None and workers is not None:
-        console.print(f"CPU per event (median of the 30 s intervals, min-max): server "
+        console.print(f"CPU per event (median of the {bench.INTERVAL_S:.0f} s intervals after "
+                      f"the warm-up, min-max): server "
                       f"{cpu['median']:.1f} us ({cpu['min']:.1f}-{cpu['max']:.1f}), worker "
                       f"processes {workers['median']:.1f} us ({workers['min']:.1f}-"
                       f"{workers['max']:.1f})")  # fmt: skip

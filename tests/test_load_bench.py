@@ -20,7 +20,7 @@ def test_cpu_seconds_grow_with_work_and_a_gone_process_has_none():
     before = cpu_seconds(os.getpid())
     sum(i * i for i in range(3_000_000))
     assert before is not None and cpu_seconds(os.getpid()) > before
-    assert cpu_seconds(2**22 + 1) is None  # above Linux's pid_max default
+    assert cpu_seconds(2**22 + 1) is None  # above Linux's hard limit on pids (PID_MAX_LIMIT)
 
 
 def test_a_short_load_run_stores_every_acknowledged_event_once(tmp_path):

@@ -19,6 +19,9 @@ from shadow.policies import (
     make_policy,
     project_loads,
 )
+from shadow.policies.balanceroute import _CurrentLoads, _ProjectedLoads, two_stage_admission
+from shadow.policies.fscore import discounts
+from shadow.policies.subset import best_subset
 from shadow.predict import ExactMatchPredictor, OraclePredictor, SurvivalPredictor
 from tests.strategies import pools, snapshots, trained
 
@@ -112,6 +115,72 @@ def test_one_request_goes_where_the_stage_rules_send_it(snapshot, prompt, name, 
     assert [(a.request_id, a.worker) for a in admissions] == [
         ("only", snapshot.worker_ids[expected])
     ]
+
+
+def _reference_round(picture, free, prompts, config):
+    """The admission round as first written (BALANCEROUTE.md, step by step): every choice
+    scored, one request or many. `two_stage_admission` skips scoring where one request is
+    left or one candidate is offered; it must choose exactly what this chooses."""
+    free = free.astype(np.int64)
+    pool_size = prompts.shape[0]
+    taken = np.zeros(pool_size, dtype=bool)
+    decided = []
+    slots = int(free.sum())
+    worker_index = np.arange(free.shape[0])
+    while slots > config.s_greedy and len(decided) < pool_size:
+        g = int(np.lexsort((worker_index, picture.current, -free))[0])
+        scores = picture.objective(g).values(prompts)
+        scores[taken] = -np.inf
+        i = int(np.argmax(scores))
+        taken[i] = True
+        picture.add(g, int(prompts[i]))
+        free[g] -= 1
+        slots -= 1
+        decided.append((i, g))
+    queue = np.flatnonzero(~taken).tolist()
+    while queue and slots > 0:
+        margins = np.where(free > 0, picture.safe_margins(), -np.inf)
+        g = int(np.lexsort((worker_index, -free, -margins))[0])
+        candidates = queue[: config.r_max]
+        sizes = prompts[candidates]
+        objective = picture.objective(g)
+        choice = best_subset(objective, sizes.tolist(), int(free[g]))
+        positions = choice.positions
+        if choice.score <= 0:
+            positions = (int(np.argmax(objective.values(sizes))),)
+        for position in positions:
+            i = candidates[position]
+            picture.add(g, int(prompts[i]))
+            free[g] -= 1
+            slots -= 1
+            decided.append((i, g))
+        chosen = {candidates[p] for p in positions}
+        queue = [i for i in queue[: config.r_max] if i not in chosen] + queue[config.r_max :]
+    return decided
+
+
+@PROPERTY
+@given(snapshots(), pools(max_size=12), st.booleans(), st.integers(0, 12), st.integers(1, 4))
+def test_the_round_chooses_what_the_fully_scored_round_chooses(
+    snapshot, pool, horizon, s_greedy, r_max
+):
+    config = BalanceRouteConfig(s_greedy=s_greedy, r_max=r_max)
+    if horizon:
+        policy = BalanceRouteHorizon(trained(SurvivalPredictor()), config)
+        projection = policy.project(snapshot)
+        alpha, beta = config.coefficients(snapshot.workers)
+        discount = discounts(config.horizon, config.gamma)
+
+        def picture():
+            return _ProjectedLoads(snapshot.load, projection.copy(), discount, alpha, beta)
+    else:
+
+        def picture():
+            return _CurrentLoads(snapshot.load)
+
+    free, prompts = snapshot.free_slots, pool.prompt_tokens
+    expected = _reference_round(picture(), free, prompts, config)
+    assert two_stage_admission(picture(), free, prompts, config) == expected
 
 
 @pytest.mark.parametrize("name", ["br0", "brh-survival", "brh-oracle"])

@@ -139,8 +139,8 @@ def _cpu_s(pid: int) -> tuple[float, float]:
 class Interval:
     """One stretch of the run: what was acknowledged and the CPU it took the server and
     its worker processes. The audit worker's work per event is fixed by the stream, so its
-    CPU per event rising with the server's points at the host (or at the two processes
-    contending), not at the server's own code."""
+    CPU per event rising with the server's points at the host or at the two processes
+    contending for the cores and caches, not at the server's own code."""
 
     end_s: float
     events_per_s: float
@@ -291,20 +291,19 @@ def _run_in(
         threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
         for thread in threads:
             thread.start()
-        last_note = started
-        #: at the start of the interval: (acknowledged events, server CPU s, workers CPU s)
-        mark = (sum(tally.events.values()), *_cpu_s(server.process.pid))
+        #: at the start of the interval: (seconds, acknowledged events, server and workers
+        #: CPU s), read together; each interval's end is the next one's start
+        mark = _mark(started, tally, server)
         while any(thread.is_alive() for thread in threads):
             time.sleep(1.0)
             now = time.monotonic()
             rss.append((now - started, *_rss_kib(server.process.pid)))
-            if now - last_note >= interval_s:
-                interval = _interval(now - started, now - last_note, mark, tally, server)
-                intervals.append(interval)
-                note(f"{interval.line()}; {sum(tally.events.values()):,} acknowledged, RSS "
+            if now - mark[0] >= interval_s:
+                end = _mark(started, tally, server)
+                intervals.append(_interval(mark, end))
+                note(f"{intervals[-1].line()}; {end[1]:,} acknowledged, RSS "
                      f"{(rss[-1][1] + rss[-1][2]) / 1024:,.0f} MiB")  # fmt: skip
-                last_note = now
-                mark = (sum(tally.events.values()), *_cpu_s(server.process.pid))
+                mark = end
         wall = time.monotonic() - started
         window = stop_at - started
         with httpx.Client(base_url=server.url, timeout=120) as client:
@@ -338,6 +337,7 @@ def _run_in(
     lost = {k: acked[k] - stored.get(k, 0) for k in acked if acked[k] > stored.get(k, 0)}
     latencies = sorted(tally.latencies_ms)
     warm = [sample for sample in rss if sample[0] >= WARM_UP_S] or rss
+    settled = [i for i in intervals if i.end_s > WARM_UP_S] or intervals
     total_mib = [(t, (server + workers) / 1024) for t, server, workers in warm]
     total = sum(tally.events.values())
     return {
@@ -399,25 +399,30 @@ def _run_in(
         "rss_series": rss[:: max(1, len(rss) // 60)],
         #: per interval (30 s): the rate acknowledged and the CPU per event
         "intervals": [asdict(interval) for interval in intervals],
-        "server_cpu_us_per_event": _spread([i.server_cpu_us_per_event for i in intervals]),
-        "workers_cpu_us_per_event": _spread([i.workers_cpu_us_per_event for i in intervals]),
+        #: over the intervals after the warm-up (all of them in a run shorter than it)
+        "server_cpu_us_per_event": _spread([i.server_cpu_us_per_event for i in settled]),
+        "workers_cpu_us_per_event": _spread([i.workers_cpu_us_per_event for i in settled]),
     }
 
 
+def _mark(started: float, tally: Tally, server: ServerProcess) -> tuple[float, int, float, float]:
+    """(seconds since `started`, events acknowledged, server CPU s, workers CPU s), now."""
+    seconds = time.monotonic() - started
+    return (seconds, sum(tally.events.values()), *_cpu_s(server.process.pid))
+
+
 def _interval(
-    end_s: float,
-    length_s: float,
-    mark: tuple[int, float, float],
-    tally: Tally,
-    server: ServerProcess,
+    start: tuple[float, int, float, float], end: tuple[float, int, float, float]
 ) -> Interval:
-    events = sum(tally.events.values()) - mark[0]
-    server_s, workers_s = _cpu_s(server.process.pid)
+    """The interval between two `_mark`s. CPU per event is None without events, or when a
+    process went away meanwhile (its CPU time then reads lower than before)."""
+    events = end[1] - start[1]
+    server_s, workers_s = end[2] - start[2], end[3] - start[3]
     return Interval(
-        end_s=end_s,
-        events_per_s=events / length_s,
-        server_cpu_us_per_event=(server_s - mark[1]) / events * 1e6 if events else None,
-        workers_cpu_us_per_event=(workers_s - mark[2]) / events * 1e6 if events else None,
+        end_s=end[0],
+        events_per_s=events / (end[0] - start[0]),
+        server_cpu_us_per_event=server_s / events * 1e6 if events and server_s >= 0 else None,
+        workers_cpu_us_per_event=workers_s / events * 1e6 if events and workers_s >= 0 else None,
     )
 
 

@@ -1,5 +1,6 @@
-"""Resident memory of the service's processes, read from `/proc` (Linux): `/metrics`
-reports it per process, the load benchmark sums it over the server's process tree."""
+"""Resident memory and CPU time of the service's processes, read from `/proc` (Linux):
+`/metrics` reports memory per process, the load benchmark sums both over the server's
+process tree."""
 
 from __future__ import annotations
 
