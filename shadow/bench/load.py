@@ -298,7 +298,7 @@ def _run_in(
             time.sleep(1.0)
             now = time.monotonic()
             rss.append((now - started, *_rss_kib(server.process.pid)))
-            if now - mark[0] >= interval_s:
+            if now - started - mark[0] >= interval_s:
                 end = _mark(started, tally, server)
                 intervals.append(_interval(mark, end))
                 note(f"{intervals[-1].line()}; {end[1]:,} acknowledged, RSS "
