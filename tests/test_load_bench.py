@@ -46,6 +46,8 @@ def test_a_short_load_run_stores_every_acknowledged_event_once(tmp_path):
     ends = [i["end_s"] for i in intervals]
     assert len(ends) >= 1 and ends[0] >= 2.0
     assert all(later - earlier >= 2.0 for earlier, later in pairwise(ends))
+    assert all(i["end_s"] - i["start_s"] >= 2.0 for i in intervals)
+    assert all(a["end_s"] == b["start_s"] for a, b in pairwise(intervals))  # no gaps
     busy = [i for i in intervals if i["events_per_s"] > 0]
     assert busy and all(i["server_cpu_us_per_event"] > 0 for i in busy)
     spread = report["server_cpu_us_per_event"]

@@ -142,6 +142,7 @@ class Interval:
     CPU per event rising with the server's points at the host or at the two processes
     contending for the cores and caches, not at the server's own code."""
 
+    start_s: float
     end_s: float
     events_per_s: float
     server_cpu_us_per_event: float | None
@@ -337,7 +338,7 @@ def _run_in(
     lost = {k: acked[k] - stored.get(k, 0) for k in acked if acked[k] > stored.get(k, 0)}
     latencies = sorted(tally.latencies_ms)
     warm = [sample for sample in rss if sample[0] >= WARM_UP_S] or rss
-    settled = [i for i in intervals if i.end_s > WARM_UP_S] or intervals
+    settled = [i for i in intervals if i.start_s >= WARM_UP_S] or intervals
     total_mib = [(t, (server + workers) / 1024) for t, server, workers in warm]
     total = sum(tally.events.values())
     return {
@@ -419,6 +420,7 @@ def _interval(
     events = end[1] - start[1]
     server_s, workers_s = end[2] - start[2], end[3] - start[3]
     return Interval(
+        start_s=start[0],
         end_s=end[0],
         events_per_s=events / (end[0] - start[0]),
         server_cpu_us_per_event=server_s / events * 1e6 if events and server_s >= 0 else None,
