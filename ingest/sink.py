@@ -116,7 +116,8 @@ class HttpEventSink:
             return
         since = now if self._outage is None else self._outage[0]
         self._outage = (since, now)
-        log.warning("event sink %s: %s; %d events kept, retrying", self.source, error,
+        reason = str(error) or type(error).__name__  # some httpx errors carry no message
+        log.warning("event sink %s: %s; %d events kept, retrying", self.source, reason,
                     len(self._buffer))  # fmt: skip
 
     async def aclose(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import httpx
 from fastapi import FastAPI, Request
 
 import ingest.sink
@@ -71,3 +72,13 @@ def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2 and "retrying" in messages[0]
     assert "service reached again after" in messages[1]
+
+
+def test_an_error_without_a_message_is_named_by_its_type(caplog):
+    """httpx raises some errors (a connection reset mid-request) with an empty message;
+    the warning then said "event sink router: ; 3 events kept"."""
+    sink = HttpEventSink("http://127.0.0.1:9", source="router")
+    with caplog.at_level(logging.WARNING, logger="ingest.sink"):
+        sink._warn(httpx.ReadError(""))
+    message = caplog.records[-1].getMessage()
+    assert message.startswith("event sink router: ReadError; 0 events kept")
