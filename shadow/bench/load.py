@@ -15,9 +15,10 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import httpx
@@ -121,18 +122,27 @@ def batch_templates(log: Path, batch: int) -> tuple[list[BatchTemplate], bytes]:
     return out, "\n".join(workers).encode()
 
 
+def _server_and_workers(pid: int, read: Callable[[int], float | None]) -> tuple[float, float]:
+    """`read` of `pid` and summed over its descendants (the worker processes); a process
+    gone meanwhile counts 0."""
+    server = read(pid) or 0
+    workers = sum(read(p) or 0 for p in process_tree(pid) if p != pid)
+    return server, workers
+
+
 def _rss_kib(pid: int) -> tuple[int, int]:
     """Resident memory of `pid` and of all its descendants (the audit worker), KiB."""
-    server = (resident_bytes(pid) or 0) // 1024
-    workers = sum(resident_bytes(p) or 0 for p in process_tree(pid) if p != pid) // 1024
-    return server, workers
+    server, workers = _server_and_workers(pid, resident_bytes)
+    return int(server) // 1024, int(workers) // 1024
 
 
-def _cpu_s(pid: int) -> tuple[float, float]:
-    """CPU seconds used so far by `pid` and by its descendants (the worker processes)."""
-    server = cpu_seconds(pid) or 0.0
-    workers = sum(cpu_seconds(p) or 0.0 for p in process_tree(pid) if p != pid)
-    return server, workers
+class Mark(NamedTuple):
+    """The counters at one moment of the run; two of them make an `Interval`."""
+
+    seconds: float  # since the load started
+    acknowledged: int
+    server_cpu_s: float
+    workers_cpu_s: float
 
 
 @dataclass
@@ -292,17 +302,17 @@ def _run_in(
         threads = [threading.Thread(target=sender, args=(i,)) for i in range(senders)]
         for thread in threads:
             thread.start()
-        #: at the start of the interval: (seconds, acknowledged events, server and workers
-        #: CPU s), read together; each interval's end is the next one's start
+        #: the counters at the start of the interval; each interval's end is the next
+        #: one's start
         mark = _mark(started, tally, server)
         while any(thread.is_alive() for thread in threads):
             time.sleep(1.0)
             now = time.monotonic()
             rss.append((now - started, *_rss_kib(server.process.pid)))
-            if now - started - mark[0] >= interval_s:
+            if now - started - mark.seconds >= interval_s:
                 end = _mark(started, tally, server)
                 intervals.append(_interval(mark, end))
-                note(f"{intervals[-1].line()}; {end[1]:,} acknowledged, RSS "
+                note(f"{intervals[-1].line()}; {end.acknowledged:,} acknowledged, RSS "
                      f"{(rss[-1][1] + rss[-1][2]) / 1024:,.0f} MiB")  # fmt: skip
                 mark = end
         wall = time.monotonic() - started
@@ -406,23 +416,26 @@ def _run_in(
     }
 
 
-def _mark(started: float, tally: Tally, server: ServerProcess) -> tuple[float, int, float, float]:
-    """(seconds since `started`, events acknowledged, server CPU s, workers CPU s), now."""
+def _mark(started: float, tally: Tally, server: ServerProcess) -> Mark:
+    """The counters now."""
     seconds = time.monotonic() - started
-    return (seconds, sum(tally.events.values()), *_cpu_s(server.process.pid))
+    return Mark(
+        seconds,
+        sum(tally.events.values()),
+        *_server_and_workers(server.process.pid, cpu_seconds),
+    )
 
 
-def _interval(
-    start: tuple[float, int, float, float], end: tuple[float, int, float, float]
-) -> Interval:
-    """The interval between two `_mark`s. CPU per event is None without events, or when a
+def _interval(start: Mark, end: Mark) -> Interval:
+    """The interval between two marks. CPU per event is None without events, or when a
     process went away meanwhile (its CPU time then reads lower than before)."""
-    events = end[1] - start[1]
-    server_s, workers_s = end[2] - start[2], end[3] - start[3]
+    events = end.acknowledged - start.acknowledged
+    server_s = end.server_cpu_s - start.server_cpu_s
+    workers_s = end.workers_cpu_s - start.workers_cpu_s
     return Interval(
-        start_s=start[0],
-        end_s=end[0],
-        events_per_s=events / (end[0] - start[0]),
+        start_s=start.seconds,
+        end_s=end.seconds,
+        events_per_s=events / (end.seconds - start.seconds),
         server_cpu_us_per_event=server_s / events * 1e6 if events and server_s >= 0 else None,
         workers_cpu_us_per_event=workers_s / events * 1e6 if events and workers_s >= 0 else None,
     )
