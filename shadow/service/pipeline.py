@@ -30,9 +30,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from msgspec.structs import asdict as struct_fields
 
 from analysis.stepmodel import StepModelFit, fit_step_model
-from ingest.events import EventError
+from ingest.events import EventError, RouterView
 from shadow.audit import AuditConfig, AuditFollower, AuditOutcome, Decision, run_in_worker
 from shadow.fleet import FleetCore, StreamItem
 from shadow.invariants import InvariantConfig, Violation
@@ -678,7 +679,7 @@ class Pipeline:
                     view = event.router_view
                     if view is not None:
                         view = {
-                            k: v.model_dump() if hasattr(v, "model_dump") else v
+                            k: struct_fields(v) if isinstance(v, RouterView) else v
                             for k, v in view.items()
                         }
                     audited = (ingest_id, event.policy, view)
@@ -853,7 +854,8 @@ def _lifecycle_row(ingest_id: int, event: Any) -> tuple:
     view = get("router_view")
     if view is not None:
         view = json.dumps(
-            {k: v.model_dump(exclude_none=True) if hasattr(v, "model_dump") else v
+            {k: {f: x for f, x in struct_fields(v).items() if x is not None}
+             if isinstance(v, RouterView) else v
              for k, v in view.items()},
             separators=(",", ":"),
         )  # fmt: skip
