@@ -353,13 +353,23 @@ class Pipeline:
                 fresh: list[tuple[float, int, int, Any]] = []
                 next_id = self._next_id
                 # Per event, this loop is the service's hottest Python: the checks that
-                # rarely apply (bounds) are skipped by kind, and attributes are read once.
+                # rarely apply (bounds) are skipped by kind, attributes are read once, and
+                # what a batch nearly always repeats (its source, its fleet) is looked up
+                # once per run of equal values rather than per event.
                 admitted = self._admitted_workers
                 seen_progress = self._progress_seen
                 counts = self.counts
                 lifecycle, steps, progress = batch.lifecycle, batch.steps, batch.progress
                 #: (fleet, source) -> its seq memory, for sources with an accepted event
                 sources: dict[tuple[str, str], RecentInts] = {}
+                #: the last event's source and its seq memory
+                last_fleet = last_source = None
+                memory: RecentInts | None = None
+                recorded: RecentInts | None = None  # the last memory put in `sources`
+                #: fleet -> event type -> accepted, added to `counts` after the loop
+                accepted: dict[str, Counter[str]] = {}
+                tally: Counter[str] = Counter()
+                tally_fleet = None
                 for position, event in events:
                     kind = event.type
                     fleet = event.fleet
@@ -373,17 +383,25 @@ class Pipeline:
                             result.errors.append(EventError(position, None, field_name, message))
                             continue
                     seq = event.seq
-                    memory = None if seq is None else self._seq_memory(fleet, event.source)
-                    if (memory is not None and not memory.add(seq)) or not self._is_new(
-                        event, kind, memory
-                    ):
+                    if seq is None:
+                        source_memory = None
+                    else:
+                        source = event.source
+                        if fleet != last_fleet or source != last_source:
+                            last_fleet, last_source = fleet, source
+                            memory = self._seq_memory(fleet, source)
+                        source_memory = memory
+                    if (source_memory is not None and not source_memory.add(seq)) or (
+                        kind != "ready" and kind != "dispatch" and kind != "finish"
+                        and not self._is_new(event, kind, source_memory)
+                    ):  # fmt: skip
                         result.duplicates += 1
                         counts[(fleet, kind, "duplicate")] += 1
                         continue
                     ingest_id = next_id
                     next_id += 1
-                    if memory is not None:
-                        sources[(fleet, event.source)] = memory
+                    if source_memory is not None and source_memory is not recorded:
+                        recorded = sources[(fleet, last_source)] = source_memory
                     if kind == "engine_step":
                         steps.append(
                             (
@@ -410,7 +428,13 @@ class Pipeline:
                         if kind == "finish":
                             self._finished_progress.append((event.ts, (fleet, event.request_id)))
                     fresh.append((event.ts, ORDER[kind], ingest_id, event))
-                    counts[(fleet, kind, "accepted")] += 1
+                    if fleet != tally_fleet:
+                        tally_fleet = fleet
+                        tally = accepted.setdefault(fleet, Counter())
+                    tally[kind] += 1
+                for fleet, kinds in accepted.items():
+                    for kind, count in kinds.items():
+                        counts[(fleet, kind, "accepted")] += count
                 result.accepted = len(fresh)
                 for key, memory in sources.items():
                     batch.seq_high[key] = memory.high
