@@ -91,7 +91,7 @@ Seconds = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
 
 
 # -- the events: msgspec structs, decoded in one call a line ---------------------------
-# The same rules as the reference types above; `\Z` because Python's `$` also matches
+# The same rules as the reference types below; `\Z` because Python's `$` also matches
 # before a final newline, where pydantic's (Rust) regex does not.
 _FastName = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9._-]{1,128}\Z")]
 _FastText = Annotated[str, Meta(min_length=1, max_length=ID_MAX)]
