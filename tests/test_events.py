@@ -543,3 +543,15 @@ def test_msgspec_and_the_reference_accept_the_same_events(line: bytes):
         # an unknown field): those lines are the reference's to decode
         edge = re.search(rb"\d{19}|NaN|Infinity", line)
         assert edge, "the reference accepted what msgspec rejects"
+
+
+def test_nesting_past_the_recursion_limit_is_one_bad_line():
+    """msgspec raises RecursionError (not its own error) on such a line: it must go to the
+    reference and become one error, not fail the batch."""
+    deep = b'{"type":"progress","ts":1,"request_id":"r","generated":3,"x":%s}' % (
+        b"[" * 5000 + b"]" * 5000
+    )
+    error = one_error(deep)
+    assert error.field is None and "not valid JSON" in error.message
+    with pytest.raises(ValidationError):
+        validate_json(deep)
