@@ -21,7 +21,11 @@ from typing import Any
 import httpx
 
 log = logging.getLogger(__name__)
-#: while the service cannot be reached, a warning this often (the first at once)
+#: an outage is logged once it has lasted this long: a service starting, restarting or
+#: stopping refuses connections for a moment (the demo's world starts before its service
+#: listens), and the events are kept either way
+OUTAGE_GRACE_S = 2.0
+#: while the service cannot be reached, a warning this often
 OUTAGE_WARN_EVERY_S = 10.0
 
 
@@ -52,8 +56,9 @@ class HttpEventSink:
         self.sent = 0
         self.dropped = 0
         self.failures = 0
-        #: (monotonic start, last warning) of the current outage; None while posts succeed
-        self._outage: tuple[float, float] | None = None
+        #: (monotonic start, last warning or None) of the current outage; None while posts
+        #: succeed
+        self._outage: tuple[float, float | None] | None = None
 
     def put(self, event: dict[str, Any]) -> None:
         """Queue one event (adds `fleet`, `source`, `seq`); never blocks."""
@@ -103,19 +108,27 @@ class HttpEventSink:
                 self._buffer.popleft()
             self.sent += count
             if self._outage is not None:
-                down = time.monotonic() - self._outage[0]
-                log.warning("event sink %s: service reached again after %.1f s", self.source, down)
+                start, warned = self._outage
+                if warned is not None:  # said it was down: say it is back
+                    down = time.monotonic() - start
+                    log.warning(
+                        "event sink %s: service reached again after %.1f s", self.source, down
+                    )
                 self._outage = None
         return True
 
     def _warn(self, error: BaseException) -> None:
-        """One warning when an outage starts, then one every `OUTAGE_WARN_EVERY_S`: the
-        sink retries every flush interval, and a line a retry buried the log."""
+        """One warning once an outage has lasted `OUTAGE_GRACE_S`, then one every
+        `OUTAGE_WARN_EVERY_S`: the sink retries every flush interval, and a line a retry
+        buried the log."""
         now = time.monotonic()
-        if self._outage is not None and now - self._outage[1] < OUTAGE_WARN_EVERY_S:
+        start, warned = (now, None) if self._outage is None else self._outage
+        self._outage = (start, warned)
+        if now - start < OUTAGE_GRACE_S:
             return
-        since = now if self._outage is None else self._outage[0]
-        self._outage = (since, now)
+        if warned is not None and now - warned < OUTAGE_WARN_EVERY_S:
+            return
+        self._outage = (start, now)
         reason = str(error) or type(error).__name__  # some httpx errors carry no message
         log.warning("event sink %s: %s; %d events kept, retrying", self.source, reason,
                     len(self._buffer))  # fmt: skip

@@ -1,5 +1,6 @@
 """The tap's HTTP event sink while the service is down: events are kept, and the log
-says so once per outage (then every `OUTAGE_WARN_EVERY_S`), not once per retry."""
+says so once per outage that lasts `OUTAGE_GRACE_S` (then every `OUTAGE_WARN_EVERY_S`),
+not once per retry, and not for a moment's refusal."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from tests.service_helpers import ThreadedServer
 
 
 def test_an_outage_keeps_the_events_and_warns_once_then_periodically(caplog, monkeypatch):
+    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
+
     async def scenario() -> list[str]:
         sink = HttpEventSink(f"http://127.0.0.1:{free_port()}", source="tap")  # nobody there
         await sink.start()
@@ -38,7 +41,7 @@ def test_an_outage_keeps_the_events_and_warns_once_then_periodically(caplog, mon
     assert "5 events kept" in caplog.records[-1].getMessage()
 
 
-def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog):
+def _service() -> tuple[ThreadedServer, int, list[bytes]]:
     app = FastAPI()
     received: list[bytes] = []
 
@@ -48,7 +51,12 @@ def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog):
         return {"accepted": 1}
 
     port = free_port()
-    server = ThreadedServer(app, port=port)
+    return ThreadedServer(app, port=port), port, received
+
+
+def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog, monkeypatch):
+    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
+    server, port, received = _service()
 
     async def scenario() -> int:
         sink = HttpEventSink(f"http://127.0.0.1:{port}", source="tap")
@@ -74,11 +82,38 @@ def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog):
     assert "service reached again after" in messages[1]
 
 
-def test_an_error_without_a_message_is_named_by_its_type(caplog):
+def test_an_error_without_a_message_is_named_by_its_type(caplog, monkeypatch):
     """httpx raises some errors (a connection reset mid-request) with an empty message;
     the warning then said "event sink router: ; 3 events kept"."""
+    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
     sink = HttpEventSink("http://127.0.0.1:9", source="router")
     with caplog.at_level(logging.WARNING, logger="ingest.sink"):
         sink._warn(httpx.ReadError(""))
     message = caplog.records[-1].getMessage()
     assert message.startswith("event sink router: ReadError; 0 events kept")
+
+
+def test_a_moment_of_refusal_is_not_logged(caplog):
+    """A service starting or stopping refuses connections for a moment (the demo's world
+    posts before its service listens); the events are kept and sent, and nothing is said."""
+    server, port, received = _service()
+
+    async def scenario() -> int:
+        sink = HttpEventSink(f"http://127.0.0.1:{port}", source="tap")
+        await sink.start()
+        try:
+            sink.put({"type": "progress", "ts": 1.0, "request_id": "r", "generated": 1})
+            assert await sink.flush() is False  # not up yet
+            await asyncio.to_thread(server.start)
+            assert await sink.flush() is True
+        finally:
+            await sink.aclose()
+        return sink.sent
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="ingest.sink"):
+            assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == 1
+    finally:
+        server.stop()
+    assert b"".join(received).count(b'"seq"') == 1
+    assert caplog.records == []
