@@ -54,8 +54,9 @@ def _service() -> tuple[ThreadedServer, int, list[bytes]]:
     return ThreadedServer(app, port=port), port, received
 
 
-def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog, monkeypatch):
-    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
+def _post_before_and_after_the_service_starts(caplog, events_after: int) -> tuple[int, bytes]:
+    """One event posted while nobody listens (kept), then the service starts and
+    `events_after` more are put; returns (events the sink sent, the bodies received)."""
     server, port, received = _service()
 
     async def scenario() -> int:
@@ -65,7 +66,9 @@ def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog, mon
             sink.put({"type": "progress", "ts": 1.0, "request_id": "r", "generated": 1})
             assert await sink.flush() is False  # not up yet
             await asyncio.to_thread(server.start)
-            sink.put({"type": "progress", "ts": 2.0, "request_id": "r", "generated": 2})
+            for generated in range(2, 2 + events_after):
+                sink.put({"type": "progress", "ts": float(generated), "request_id": "r",
+                          "generated": generated})  # fmt: skip
             assert await sink.flush() is True
         finally:
             await sink.aclose()
@@ -73,10 +76,17 @@ def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog, mon
 
     try:
         with caplog.at_level(logging.WARNING, logger="ingest.sink"):
-            assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == 2
+            sent = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     finally:
         server.stop()
-    assert b"".join(received).count(b'"seq"') == 2  # both events, sent once
+    return sent, b"".join(received)
+
+
+def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog, monkeypatch):
+    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
+    sent, received = _post_before_and_after_the_service_starts(caplog, events_after=1)
+    assert sent == 2
+    assert received.count(b'"seq"') == 2  # both events, sent once
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2 and "retrying" in messages[0]
     assert "service reached again after" in messages[1]
@@ -96,24 +106,7 @@ def test_an_error_without_a_message_is_named_by_its_type(caplog, monkeypatch):
 def test_a_moment_of_refusal_is_not_logged(caplog):
     """A service starting or stopping refuses connections for a moment (the demo's world
     posts before its service listens); the events are kept and sent, and nothing is said."""
-    server, port, received = _service()
-
-    async def scenario() -> int:
-        sink = HttpEventSink(f"http://127.0.0.1:{port}", source="tap")
-        await sink.start()
-        try:
-            sink.put({"type": "progress", "ts": 1.0, "request_id": "r", "generated": 1})
-            assert await sink.flush() is False  # not up yet
-            await asyncio.to_thread(server.start)
-            assert await sink.flush() is True
-        finally:
-            await sink.aclose()
-        return sink.sent
-
-    try:
-        with caplog.at_level(logging.WARNING, logger="ingest.sink"):
-            assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == 1
-    finally:
-        server.stop()
-    assert b"".join(received).count(b'"seq"') == 1
+    sent, received = _post_before_and_after_the_service_starts(caplog, events_after=0)
+    assert sent == 1
+    assert received.count(b'"seq"') == 1
     assert caplog.records == []

@@ -392,9 +392,9 @@ class Pipeline:
                             memory = self._seq_memory(fleet, source)
                         source_memory = memory
                     if (source_memory is not None and not source_memory.add(seq)) or (
-                        kind != "ready" and kind != "dispatch" and kind != "finish"
+                        (kind == "progress" or kind == "engine_step")  # deduped by content
                         and not self._is_new(event, kind, source_memory)
-                    ):  # fmt: skip
+                    ):
                         result.duplicates += 1
                         counts[(fleet, kind, "duplicate")] += 1
                         continue
