@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from ingest.synthetic import generate
-from ingest.traces import retime
 from shadow.policies import make_policy
 from shadow.replay import replay
 from shadow.replay.events import write_events
-from shadow.service.process import ServerProcess
-from shadow.workload import StepModel
+from shadow.replay.workload import StepModel
+from shadow.workloads.synthetic import generate
+from shadow.workloads.traces import retime
+from shadow.world.process import ServerProcess
 
 
 def record(path: Path, requests: int = 2500, seed: int = 0, load: float = 1.0):

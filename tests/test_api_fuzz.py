@@ -41,7 +41,7 @@ def live(tmp_path_factory):
 
 def _document() -> dict:
     """The OpenAPI document, from the app itself (the server serves exactly this one)."""
-    from shadow.service.app import create_app
+    from shadow.service.http.app import create_app
     from shadow.service.settings import load_settings
 
     return create_app(load_settings(None)).openapi()

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from shadow import auditlog
+from shadow.modes import auditlog
 from shadow.storage import open_database
 
 

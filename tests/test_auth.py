@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from shadow.service.auth import TokenTable, check, required_role
+from shadow.service.http.auth import TokenTable, check, required_role
 from shadow.service.settings import load_settings
 from tests.service_helpers import Server
 

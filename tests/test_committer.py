@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from shadow.service.committer import GroupCommitter, merge
+from shadow.service.ingest.committer import GroupCommitter, merge
 from shadow.service.store import EventBatch
 
 

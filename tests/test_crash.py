@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ingest.events import parse_ndjson
+from shadow.events import parse_ndjson
 from shadow.service.footprint import process_tree
-from shadow.service.process import ServerProcess, free_port
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.service.store import ServiceStore, StorageError
+from shadow.world.process import ServerProcess, free_port
 from tests.service_helpers import write_config
 
 WORKERS = 4

@@ -10,11 +10,11 @@ import httpx
 import numpy as np
 import pytest
 
-from ingest.loadgen import run_load
-from ingest.traces import retime
-from shadow.service.demo import DemoPlan, DemoProcess
-from shadow.service.process import ServerProcess, free_port
-from shadow.workload import StepModel, Workload
+from shadow.replay.workload import StepModel, Workload
+from shadow.workloads.traces import retime
+from shadow.world.demo import DemoPlan, DemoProcess
+from shadow.world.loadgen import run_load
+from shadow.world.process import ServerProcess, free_port
 
 TIME_SCALE = 0.3  # slow the emulated clock so proxy work on 2 cores does not stretch steps
 WORKERS, BATCH = 4, 16

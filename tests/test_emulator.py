@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.emulator import EmulatedFleet
-from shadow.workload import StepModel
+from shadow.replay.workload import StepModel
+from shadow.world.emulator import EmulatedFleet
 
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from ingest.events import (
+from shadow.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     DispatchEvent,
@@ -436,7 +436,7 @@ def test_replay_emitter_output_is_valid():
     from shadow.policies import make_policy
     from shadow.replay import replay
     from shadow.replay.events import iter_events
-    from shadow.workload import Workload
+    from shadow.replay.workload import Workload
 
     workload = Workload.from_arrays(
         "small", [0.0, 0.01, 0.02, 0.5], [10, 200, 30, 4000], [5, 70, 1, 20], [1, 2, 1, 3]

@@ -12,9 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
-from analysis.comparison import rows_to_columns, summary_table
-from shadow.service.process import REPO
-from shadow.trajectory import Trajectory, bucket, join
+from shadow.analysis.comparison import rows_to_columns, summary_table
+from shadow.stream.trajectory import Trajectory, bucket, join
+from shadow.world.process import REPO
 from tests.service_helpers import Server, record, write_config
 
 FLEET = "/v1/fleets/default"

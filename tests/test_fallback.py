@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from ingest.loadgen import run_load
-from shadow.service.app import create_app
+from shadow.replay.workload import StepModel, Workload
+from shadow.service.http.app import create_app
 from shadow.service.settings import load_settings
-from shadow.windows import WindowResult
-from shadow.workload import StepModel, Workload
+from shadow.stream.windows import WindowResult
+from shadow.world.loadgen import run_load
 from tests.test_e2e import start_world, wait_until
 
 WORKERS = ["0", "1", "2", "3"]

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ingest.events import parse_ndjson
-from shadow.audit import AuditFollower
-from shadow.service.pipeline import Limits, Pipeline, PipelineConfig
+from shadow.events import parse_ndjson
+from shadow.service.ingest.pipeline import Limits, Pipeline, PipelineConfig
 from shadow.service.store import ServiceStore
+from shadow.stream.audit import AuditFollower
 
 
 @pytest.fixture

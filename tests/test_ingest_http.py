@@ -9,8 +9,8 @@ import threading
 import httpx
 import pytest
 
-from ingest.events import iter_file
-from shadow.service.pipeline import Pipeline, PipelineConfig
+from shadow.events import iter_file
+from shadow.service.ingest.pipeline import Pipeline, PipelineConfig
 from shadow.service.store import ServiceStore
 from tests.service_helpers import Server, batches, mirror_state, post, record, write_config
 

@@ -4,7 +4,7 @@ bound."""
 
 from __future__ import annotations
 
-from shadow.fleet import FleetCore
+from shadow.stream.fleet import FleetCore
 
 
 def test_incidents_are_reported_once_and_forgotten_with_their_requests():

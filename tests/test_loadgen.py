@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ingest.loadgen import RequestOutcome, request_body, run_load, summarize_load
-from ingest.synthetic import generate
-from shadow.workload import Workload
+from shadow.replay.workload import Workload
+from shadow.workloads.synthetic import generate
+from shadow.world.loadgen import RequestOutcome, request_body, run_load, summarize_load
 from tests.service_helpers import ThreadedServer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadow.service.app import create_app
+from shadow.service.http.app import create_app
 from shadow.service.settings import load_settings
 from tests.service_helpers import batches, record
 

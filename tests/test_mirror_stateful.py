@@ -37,12 +37,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ingest.events import parse_body, parse_ndjson
-from shadow.mirror import FleetMirror
-from shadow.service.pipeline import ORDER
+from shadow.events import parse_body, parse_ndjson
+from shadow.service.ingest.pipeline import ORDER
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.service.store import ServiceStore
+from shadow.stream.mirror import FleetMirror
 
 WINDOW_S = 0.5  # the pipeline's reorder window
 MAX_WORKERS = 4
@@ -807,7 +807,7 @@ def test_an_absurd_output_length_is_not_learned() -> None:
 
 
 def test_a_follower_forgets_with_the_stream() -> None:
-    from shadow.fleet import FleetCore
+    from shadow.stream.fleet import FleetCore
 
     core = FleetCore("f")
     items = [

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from shadow import auditlog
-from shadow.modes import (
+from shadow.modes import auditlog
+from shadow.modes.machine import (
     FleetMode,
     Mode,
     ModeConfig,

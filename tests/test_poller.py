@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ingest.poller import (
+from shadow.connectors.poller import (
     EngineSample,
     MetricsPoller,
     Target,

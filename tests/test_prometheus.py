@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from shadow.dashboards import promql_expressions
-from shadow.service.process import REPO, ServerProcess, free_port
+from shadow.world.process import REPO, ServerProcess, free_port
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

@@ -4,11 +4,11 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from analysis.metrics import summarize
+from shadow.analysis.metrics import summarize
 from shadow.policies import POLICY_NAMES, make_policy
 from shadow.replay import InitialRequest, replay
 from shadow.replay.events import iter_events
-from shadow.workload import StepModel, Workload
+from shadow.replay.workload import StepModel, Workload
 
 HAND = StepModel(a_ms_per_token=1.0, b_ms=5.0)
 
@@ -155,8 +155,8 @@ def test_same_seed_same_result_and_different_seed_differs():
 
 def test_default_step_model_is_about_60_ms_at_full_batch_on_the_paper_preset():
     """The paper's decode step is ~60 ms; the default model's fixed part is a third."""
-    from ingest.synthetic import generate
-    from ingest.traces import retime
+    from shadow.workloads.synthetic import generate
+    from shadow.workloads.traces import retime
 
     model = StepModel()
     workload = retime(generate("paper-azure2024"), load=1.1, workers=8, batch=64, step_model=model)

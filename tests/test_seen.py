@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shadow.service.seen import RecentInts
+from shadow.service.ingest.seen import RecentInts
 
 
 class Exact:

@@ -174,9 +174,9 @@ def test_restart_rebuilds_the_mirror_without_duplicates(recorded, tmp_path):
 def test_windows_with_unfinished_requests_are_imputed_after_the_lag(recorded, tmp_path):
     """Drop the finish of a few requests: their windows wait, then replay with imputed
     lengths and say so."""
-    from ingest.events import iter_file
-    from shadow.service.pipeline import Pipeline, PipelineConfig
-    from shadow.windows import WindowConfig
+    from shadow.events import iter_file
+    from shadow.service.ingest.pipeline import Pipeline, PipelineConfig
+    from shadow.stream.windows import WindowConfig
 
     path, _, _ = recorded
     silent = {f"req-{i}" for i in range(100, 110)}

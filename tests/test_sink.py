@@ -10,14 +10,14 @@ import logging
 import httpx
 from fastapi import FastAPI, Request
 
-import ingest.sink
-from ingest.sink import HttpEventSink
-from shadow.service.process import free_port
+import shadow.connectors.sink
+from shadow.connectors.sink import HttpEventSink
+from shadow.world.process import free_port
 from tests.service_helpers import ThreadedServer
 
 
 def test_an_outage_keeps_the_events_and_warns_once_then_periodically(caplog, monkeypatch):
-    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
+    monkeypatch.setattr(shadow.connectors.sink, "OUTAGE_GRACE_S", 0.0)
 
     async def scenario() -> list[str]:
         sink = HttpEventSink(f"http://127.0.0.1:{free_port()}", source="tap")  # nobody there
@@ -27,14 +27,14 @@ def test_an_outage_keeps_the_events_and_warns_once_then_periodically(caplog, mon
                 sink.put({"type": "progress", "ts": float(i), "request_id": "r", "generated": i})
                 assert await sink.flush() is False
             quiet = [r.getMessage() for r in caplog.records]
-            monkeypatch.setattr(ingest.sink, "OUTAGE_WARN_EVERY_S", 0.0)
+            monkeypatch.setattr(shadow.connectors.sink, "OUTAGE_WARN_EVERY_S", 0.0)
             assert await sink.flush() is False
         finally:
             sink._task.cancel()  # no final flush: the service never came
         assert sink.failures >= 6 and len(sink._buffer) == 5  # every event still kept
         return quiet
 
-    with caplog.at_level(logging.WARNING, logger="ingest.sink"):
+    with caplog.at_level(logging.WARNING, logger="shadow.connectors.sink"):
         quiet = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     assert len(quiet) == 1 and "retrying" in quiet[0] and "tap" in quiet[0]
     assert len(caplog.records) == 2  # the interval passed: one more
@@ -75,7 +75,7 @@ def _post_before_and_after_the_service_starts(caplog, events_after: int) -> tupl
         return sink.sent
 
     try:
-        with caplog.at_level(logging.WARNING, logger="ingest.sink"):
+        with caplog.at_level(logging.WARNING, logger="shadow.connectors.sink"):
             sent = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     finally:
         server.stop()
@@ -83,7 +83,7 @@ def _post_before_and_after_the_service_starts(caplog, events_after: int) -> tupl
 
 
 def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog, monkeypatch):
-    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
+    monkeypatch.setattr(shadow.connectors.sink, "OUTAGE_GRACE_S", 0.0)
     sent, received = _post_before_and_after_the_service_starts(caplog, events_after=1)
     assert sent == 2
     assert received.count(b'"seq"') == 2  # both events, sent once
@@ -95,9 +95,9 @@ def test_the_outage_ends_with_the_buffer_sent_and_one_line_saying_so(caplog, mon
 def test_an_error_without_a_message_is_named_by_its_type(caplog, monkeypatch):
     """httpx raises some errors (a connection reset mid-request) with an empty message;
     the warning then said "event sink router: ; 3 events kept"."""
-    monkeypatch.setattr(ingest.sink, "OUTAGE_GRACE_S", 0.0)
+    monkeypatch.setattr(shadow.connectors.sink, "OUTAGE_GRACE_S", 0.0)
     sink = HttpEventSink("http://127.0.0.1:9", source="router")
-    with caplog.at_level(logging.WARNING, logger="ingest.sink"):
+    with caplog.at_level(logging.WARNING, logger="shadow.connectors.sink"):
         sink._warn(httpx.ReadError(""))
     message = caplog.records[-1].getMessage()
     assert message.startswith("event sink router: ReadError; 0 events kept")

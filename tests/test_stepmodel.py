@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.stepmodel import StepModelFit, fit_step_model
-from shadow.workload import StepModel
+from shadow.analysis.stepmodel import StepModelFit, fit_step_model
+from shadow.replay.workload import StepModel
 
 A, B = 1.2e-4, 20.0
 

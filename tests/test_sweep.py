@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from shadow.cli import app
+from shadow.replay.workload import Workload
 from shadow.storage import open_database
 from shadow.sweep import (
     GridError,
@@ -31,7 +32,6 @@ from shadow.sweep.executors import CellTask
 from shadow.sweep.grid import cell_key, workload_digest
 from shadow.sweep.run import results_by_key
 from shadow.sweep.store import EngineQuery, sweep_rows
-from shadow.workload import Workload
 
 runner = CliRunner()
 
@@ -334,8 +334,8 @@ def test_heatmap_means_over_seeds_and_fills_ignored_axes():
 
 
 def test_heatmap_api(tmp_path):
+    from shadow.service.http.sweeps import register
     from shadow.service.store import ServiceStore
-    from shadow.service.sweeps import register
 
     db = tmp_path / "s.duckdb"
     plan = plan_sweep("synthetic:small", load_grid(_grid(tmp_path)), name="small")

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from ingest.synthetic import PRESETS, generate
 from shadow.policies.snapshot import NO_KEY
+from shadow.workloads.synthetic import PRESETS, generate
 
 SEEDS = range(5)
 

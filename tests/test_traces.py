@@ -4,7 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.traces import (
+from shadow.policies.snapshot import NO_KEY, prompt_key_id
+from shadow.replay.workload import StepModel, Workload
+from shadow.workloads.traces import (
     LoadResult,
     TraceError,
     load_trace,
@@ -13,8 +15,6 @@ from ingest.traces import (
     target_arrival_rate,
     write_trace,
 )
-from shadow.policies.snapshot import NO_KEY, prompt_key_id
-from shadow.workload import StepModel, Workload
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CONV_2023 = DATA / "azure-2023" / "AzureLLMInferenceTrace_conv.csv"

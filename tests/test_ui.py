@@ -23,7 +23,7 @@ from playwright import sync_api
 
 from shadow.bench.ui import PAGES as BENCH_PAGES
 from shadow.bench.ui import find_chromium
-from shadow.service.process import ServerProcess
+from shadow.world.process import ServerProcess
 
 expect = sync_api.expect
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from shadow.service.process import ServerProcess
+from shadow.world.process import ServerProcess
 from tests.test_ui import ARTIFACTS, CHROMIUM, REPO, Watched
 
 SWEEP = "ui-grid"

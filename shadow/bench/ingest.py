@@ -11,17 +11,17 @@ from pathlib import Path
 import duckdb
 import httpx
 
-from ingest.events import iter_file
-from ingest.synthetic import generate
-from ingest.traces import retime
 from shadow.bench.workspace import workspace
+from shadow.events import iter_file
 from shadow.policies import make_policy
 from shadow.replay import replay
 from shadow.replay.events import write_events
-from shadow.service.process import ServerProcess
+from shadow.replay.workload import StepModel
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
-from shadow.workload import StepModel
+from shadow.workloads.synthetic import generate
+from shadow.workloads.traces import retime
+from shadow.world.process import ServerProcess
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ import numpy as np
 from shadow.bench.ingest import record
 from shadow.bench.workspace import workspace
 from shadow.service.footprint import cpu_seconds, process_tree, resident_bytes
-from shadow.service.process import ServerProcess
 from shadow.service.store import LATEST_PROGRESS
+from shadow.world.process import ServerProcess
 
 SHIFTED = ("ts", "seq", "request_id", "step")
 PASS = b"\x00"  # where a batch template takes the pass number

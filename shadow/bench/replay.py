@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from shadow.workload import StepModel, Workload
+from shadow.replay.workload import StepModel, Workload
 
 
 @dataclass(frozen=True)

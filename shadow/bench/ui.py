@@ -25,7 +25,7 @@ import duckdb
 import httpx
 
 from shadow.bench.ingest import record
-from shadow.service.process import ServerProcess
+from shadow.world.process import ServerProcess
 
 PAGES = {
     "overview": "/",
@@ -79,7 +79,7 @@ def build_day(
     db: Path, *, hours: float = 24.0, requests: int = 9000, note: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Ingest a recorded run into `db`, then copy its derived rows forward to `hours`."""
-    from ingest.events import iter_file
+    from shadow.events import iter_file
     from shadow.service.runtime import Runtime
     from shadow.service.settings import load_settings
 

@@ -17,7 +17,7 @@ from shadow.gate.evidence import Evidence, WindowPair
 from shadow.policies import NO_KEY, prompt_key_id
 from shadow.predict import ExactMatchPredictor, SurvivalPredictor, calibrate
 from shadow.service.store import ServiceStore
-from shadow.windows import AA
+from shadow.stream.windows import AA
 
 PREDICTED = {"brh-survival": SurvivalPredictor, "brh-exactmatch": ExactMatchPredictor}
 WINDOW_FIELDS = ("imbalance_mean", "throughput_tok_s", "tpot_p95_ms", "gap_mean",

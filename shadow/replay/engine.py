@@ -22,7 +22,7 @@ import numpy as np
 
 from shadow.policies.base import Policy
 from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, ReadyPool
-from shadow.workload import StepModel, Workload
+from shadow.replay.workload import StepModel, Workload
 
 #: Steps computed per block at most, so long idle-free stretches stay small in memory.
 MAX_BLOCK_STEPS = 512

@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shadow.invariants import KINDS
-from shadow.modes import Mode, ModeStore
+from shadow.modes.machine import Mode, ModeStore
 from shadow.policies import POLICY_NAMES
 from shadow.predict import SurvivalPredictor, calibrate
 from shadow.service.footprint import resident_bytes
 from shadow.service.runtime import Runtime
+from shadow.stream.invariants import KINDS
 
 WINDOW_GAUGES = (
     ("imbalance_mean", "shadow_window_imbalance_tokens",

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 from sqlalchemy.exc import DBAPIError
 
-from shadow.service.pipeline import Pipeline
+from shadow.service.ingest.pipeline import Pipeline
 from shadow.service.settings import ServiceSettings
 from shadow.service.store import ServiceStore
 from shadow.service.workers import audit_worker, window_worker

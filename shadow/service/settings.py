@@ -10,14 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from shadow.audit import DEFAULT_SHADOW_POLICIES, AuditConfig
-from shadow.invariants import InvariantConfig
-from shadow.modes import ModeConfig
+from shadow.modes.machine import ModeConfig
 from shadow.policies import POLICY_NAMES, BalanceRouteConfig
-from shadow.service.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
-from shadow.service.pipeline import Limits, PipelineConfig
-from shadow.windows import WindowConfig
-from shadow.workload import StepModel
+from shadow.replay.workload import StepModel
+from shadow.service.http.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
+from shadow.service.ingest.pipeline import Limits, PipelineConfig
+from shadow.stream.audit import DEFAULT_SHADOW_POLICIES, AuditConfig
+from shadow.stream.invariants import InvariantConfig
+from shadow.stream.windows import WindowConfig
 
 
 class EngineTarget(BaseModel):

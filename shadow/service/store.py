@@ -1,7 +1,7 @@
 """Durable storage of the shadow service in DuckDB.
 
 Everything acknowledged is written before the acknowledgement, in one transaction (per
-batch, or per group of batches: `shadow.service.committer`): lifecycle events, engine
+batch, or per group of batches: `shadow.service.ingest.committer`): lifecycle events, engine
 steps and cumulative progress are appended through DuckDB's Arrow interface, progress to
 a log folded into one row per request every few seconds. Derived rows (decisions,
 violations) carry the `ingest_id` of the event that produced them and are written in one
@@ -24,11 +24,11 @@ import pyarrow as pa
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from shadow.audit import Decision
-from shadow.invariants import Violation
 from shadow.storage import open_database
-from shadow.trajectory import FIELDS as TRAJECTORY_FIELDS
-from shadow.windows import WINDOW_METRICS, WindowResult
+from shadow.stream.audit import Decision
+from shadow.stream.invariants import Violation
+from shadow.stream.trajectory import FIELDS as TRAJECTORY_FIELDS
+from shadow.stream.windows import WINDOW_METRICS, WindowResult
 
 LIFECYCLE_COLUMNS = (
     "ingest_id", "fleet", "source", "seq", "type", "ts", "request_id", "worker",
@@ -43,7 +43,7 @@ PROGRESS_COLUMNS = ("fleet", "request_id", "generated", "ts", "ingest_id")
 STATE_COLUMNS = ("name", "value")
 SAMPLE_COLUMNS = ("fleet", "worker", "ts", "running", "waiting", "kv_usage",
                   "generation_tokens", "mirror_active")  # fmt: skip
-#: `ingest_id` then the fields of `shadow.audit.Decision`, in order.
+#: `ingest_id` then the fields of `shadow.stream.audit.Decision`, in order.
 DECISION_COLUMNS = (
     "ingest_id", "fleet", "ts", "request_id", "prompt_tokens", "incumbent_worker",
     "incumbent_policy", "policy", "choice", "agrees", "f_br0_incumbent", "f_br0_choice",

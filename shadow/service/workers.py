@@ -11,9 +11,9 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from shadow.audit import AuditConfig, start_worker
-from shadow.invariants import InvariantConfig
 from shadow.service.interpreter import tune_interpreter
+from shadow.stream.audit import AuditConfig, start_worker
+from shadow.stream.invariants import InvariantConfig
 
 
 def exit_with_parent() -> None:

@@ -310,7 +310,7 @@ class WindowMetricRow(Base):
 
 
 class WindowTrajectoryRow(Base):
-    """A window's bucketed per-worker load path for one policy (see ``shadow.trajectory``):
+    """A window's bucketed per-worker load path for one policy (see ``shadow.stream.trajectory``):
     float32 little-endian arrays, `loads` row-major (points x workers)."""
 
     __tablename__ = "window_trajectories"
@@ -377,7 +377,7 @@ GATE_RUN_ID_SEQUENCE = Sequence("gate_runs_id_seq")
 
 
 class FleetModeRow(Base):
-    """The persisted mode state machine of one fleet (see ``shadow.modes``)."""
+    """The persisted mode state machine of one fleet (see ``shadow.modes.machine``)."""
 
     __tablename__ = "fleet_modes"
 
@@ -395,7 +395,7 @@ class FleetModeRow(Base):
 
 
 class AuditLogRow(Base):
-    """One append-only, hash-chained audit entry (see ``shadow.auditlog``)."""
+    """One append-only, hash-chained audit entry (see ``shadow.modes.auditlog``)."""
 
     __tablename__ = "audit_log"
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from analysis.metrics import per_step, summarize
-from ingest.traces import retime
+from shadow.analysis.metrics import per_step, summarize
 from shadow.policies import BalanceRouteConfig, make_policy
 from shadow.replay import replay
-from shadow.workload import StepModel, Workload
+from shadow.replay.workload import StepModel, Workload
+from shadow.workloads.traces import retime
 
 #: Metrics that measure wall time, not the simulated fleet: they differ between runs.
 TIMING_METRICS = ("sched_ms_p50", "sched_ms_p99")

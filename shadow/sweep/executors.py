@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from shadow.replay.workload import Workload
 from shadow.sweep.cell import run_cell
-from shadow.workload import Workload
 
 
 @dataclass(frozen=True)

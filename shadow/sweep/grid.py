@@ -26,7 +26,7 @@ import numpy as np
 
 from shadow.policies import POLICY_NAMES
 from shadow.policies.balanceroute import MAX_CANDIDATES
-from shadow.workload import Workload
+from shadow.replay.workload import Workload
 
 #: Bump when the meaning of a stored cell changes, so old cells are not reused.
 KEY_VERSION = 1

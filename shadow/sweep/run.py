@@ -8,12 +8,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.traces import SYNTHETIC_PREFIX, resolve_workload
+from shadow.replay.workload import Workload
 from shadow.storage import Database
 from shadow.sweep.executors import CellOutcome, CellTask, Executor
 from shadow.sweep.grid import SweepSpec, cell_key, expand, spec_hash, workload_digest
 from shadow.sweep.store import ensure_sweep, link, save_cell, stored_cells
-from shadow.workload import Workload
+from shadow.workloads.traces import SYNTHETIC_PREFIX, resolve_workload
 
 
 @dataclass(frozen=True)

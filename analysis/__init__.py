@@ -1,1 +1,0 @@
-"""Metrics, step-time fit, statistics and reports computed from per-step series."""

@@ -1,0 +1,292 @@
+"""The decision audit: on the snapshot frozen just before each `dispatch`, what would
+each shadow policy have done with that request, and what did the incumbent's choice do
+to the barrier gap compared with the best choice?
+
+F-scores are given in both forms: BR-0's (the exact change of the current gap) and
+BR-H's (the discounted horizon, scored with a Survival predictor that learns from the
+fleet's completed requests).
+
+The audit runs in an `AuditFollower`: it follows the applied event stream with its own
+replica of the mirror (through the same `FleetCore` as the ingest path) and audits the
+dispatches it is told to, on the replica frozen just before each. So it can run in a
+worker process beside the ingest process: what crosses is compact event tuples one way
+and decisions the other, never snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from shadow.policies import (
+    BalanceRouteConfig,
+    BalanceRouteHorizon,
+    FleetSnapshot,
+    Policy,
+    ReadyPool,
+    horizon_scores,
+    make_policy,
+)
+from shadow.policies.snapshot import NO_KEY
+from shadow.predict.predictors import SurvivalPredictor
+from shadow.stream.fleet import FleetCore, StreamItem
+from shadow.stream.invariants import InvariantConfig
+
+DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    policies: tuple[str, ...] = DEFAULT_SHADOW_POLICIES
+    balance_route: BalanceRouteConfig = field(default_factory=BalanceRouteConfig)
+
+
+class Decision(NamedTuple):
+    """One shadow policy's view of one incumbent dispatch (a tuple: it crosses a process
+    boundary thousands of times a second)."""
+
+    fleet: str
+    ts: float
+    request_id: str
+    prompt_tokens: int
+    incumbent_worker: str
+    incumbent_policy: str
+    policy: str
+    choice: str | None
+    agrees: bool
+    f_br0_incumbent: float
+    f_br0_choice: float | None
+    f_br0_best: float
+    f_brh_incumbent: float
+    f_brh_choice: float | None
+    f_brh_best: float
+    mirror_jsq_agrees: bool
+    router_view_agrees: bool | None
+    #: wall time of this policy's decision on the snapshot
+    latency_ms: float
+    #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity", "margins",
+    #: "f_br0", "f_brh"} (the last two: every worker's F-score for this request)
+    snapshot: str
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """One dispatch to audit, with the snapshot frozen just before it."""
+
+    ingest_id: int
+    fleet: str
+    ts: float
+    request_id: str
+    prompt_tokens: int
+    prompt_key: int
+    incumbent_worker: str
+    incumbent_policy: str
+    router_view: Mapping[str, object] | None
+    snapshot: FleetSnapshot
+
+
+@dataclass(frozen=True)
+class AuditOutcome:
+    fleet: str
+    ingest_id: int
+    decisions: tuple[Decision, ...]
+    #: (policy, worker, free slots it had) for shadow choices of a worker with no room
+    invalid: tuple[tuple[str, str, int], ...]
+
+
+def _router_view_jsq(workers: Sequence[str], view: Mapping[str, object]) -> str | None:
+    """What JSQ picks from the router's own view (fewest running, ties in worker order)."""
+    best: tuple[int, int] | None = None
+    choice = None
+    for index, worker in enumerate(workers):
+        entry = view.get(worker)
+        running = entry.get("running") if isinstance(entry, Mapping) else None
+        if running is None and entry is not None:
+            running = getattr(entry, "running", None)
+        if running is None:
+            continue
+        if best is None or (running, index) < best:
+            best, choice = (running, index), worker
+    return choice
+
+
+class Auditor:
+    """Audits one fleet's dispatches against the configured shadow policies."""
+
+    def __init__(
+        self,
+        fleet: str,
+        config: AuditConfig | None = None,
+        predictor: SurvivalPredictor | None = None,
+    ) -> None:
+        """`predictor` learns from the fleet's completed requests (the mirror's own)."""
+        self.fleet = fleet
+        self.config = config or AuditConfig()
+        self.predictor = predictor if predictor is not None else SurvivalPredictor()
+        self.policies: dict[str, Policy] = {
+            name: make_policy(
+                name,
+                config=self.config.balance_route,
+                predictor=self.predictor if name == "brh-survival" else None,
+            )
+            for name in self.config.policies
+        }
+        self._jsq = self.policies.get("jsq") or make_policy("jsq")
+        horizon = self.policies.get("brh-survival")
+        # BR-H scores every choice; the survival policy (if audited) shares its projection.
+        self._horizon: BalanceRouteHorizon = (
+            horizon
+            if isinstance(horizon, BalanceRouteHorizon)
+            else BalanceRouteHorizon(self.predictor, self.config.balance_route)
+        )
+
+    def learn(self, lengths: Sequence[int]) -> None:
+        if lengths:
+            self.predictor.observe_many(np.asarray(lengths, dtype=np.int64))
+
+    def audit(self, job: AuditJob) -> AuditOutcome:
+        snapshot = job.snapshot
+        workers = snapshot.worker_ids
+        if job.incumbent_worker not in workers:
+            return AuditOutcome(self.fleet, job.ingest_id, (), ())
+        prompt = job.prompt_tokens
+        free = snapshot.free_slots
+        open_mask = free > 0
+        any_open = bool(open_mask.any())
+        incumbent = workers.index(job.incumbent_worker)
+        pool = ReadyPool([job.request_id], np.array([prompt]), np.array([job.prompt_key]))
+
+        loads = snapshot.load
+        margins = (loads.max() - loads).astype(np.float64)
+        br0 = prompt - snapshot.workers * np.maximum(0.0, prompt - margins)
+        projection = self._horizon.project(snapshot)
+        brh = horizon_scores(projection, self.config.balance_route, prompt)
+        scored = open_mask if any_open else np.ones_like(open_mask)
+
+        choices: dict[str, object] = {}
+        latency: dict[str, float] = {}
+        invalid = []
+        for name, policy in self.policies.items():
+            admitted = []
+            started = time.perf_counter()
+            if any_open:
+                if policy is self._horizon:
+                    admitted = policy.admit(snapshot, pool, projection)  # type: ignore[call-arg]
+                else:
+                    admitted = policy.admit(snapshot, pool)
+            latency[name] = (time.perf_counter() - started) * 1000.0
+            choice = admitted[0].worker if admitted else None
+            choices[name] = choice
+            if choice is not None and free[workers.index(choice)] <= 0:
+                invalid.append((name, str(choice), int(free[workers.index(choice)])))
+        jsq_choice = choices.get("jsq")
+        if "jsq" not in choices and any_open:
+            jsq_choice = self._jsq.admit(snapshot, pool)[0].worker
+        view_choice = _router_view_jsq(workers, job.router_view) if job.router_view else None
+
+        frozen = json.dumps(
+            {
+                "workers": [str(w) for w in workers],
+                "loads": loads.tolist(),
+                "active": snapshot.active_count.tolist(),
+                "capacity": snapshot.capacity.tolist(),
+                "margins": margins.tolist(),
+                "f_br0": np.round(br0, 3).tolist(),
+                "f_brh": np.round(brh, 3).tolist(),
+            },
+            separators=(",", ":"),
+        )
+        br0_best = float(br0[scored].max())
+        brh_best = float(brh[scored].max())
+        decisions = []
+        for name, choice in choices.items():
+            index = workers.index(choice) if choice is not None else None
+            decisions.append(
+                Decision(
+                    self.fleet,
+                    job.ts,
+                    job.request_id,
+                    prompt,
+                    job.incumbent_worker,
+                    job.incumbent_policy,
+                    name,
+                    None if choice is None else str(choice),
+                    choice == job.incumbent_worker,
+                    float(br0[incumbent]),
+                    None if index is None else float(br0[index]),
+                    br0_best,
+                    float(brh[incumbent]),
+                    None if index is None else float(brh[index]),
+                    brh_best,
+                    jsq_choice == job.incumbent_worker,
+                    None if view_choice is None else view_choice == job.incumbent_worker,
+                    latency[name],
+                    frozen,
+                )
+            )
+        return AuditOutcome(self.fleet, job.ingest_id, tuple(decisions), tuple(invalid))
+
+
+class AuditFollower:
+    """Follows the applied stream of every fleet with a replica mirror, and audits."""
+
+    def __init__(
+        self,
+        config: AuditConfig | None = None,
+        invariants: InvariantConfig | None = None,
+        sweep_every_s: float = 5.0,
+    ) -> None:
+        self.config = config or AuditConfig()
+        self.invariants = invariants
+        self.sweep_every_s = sweep_every_s
+        self.fleets: dict[str, tuple[FleetCore, Auditor]] = {}
+
+    def _fleet(self, fleet: str) -> tuple[FleetCore, Auditor]:
+        pair = self.fleets.get(fleet)
+        if pair is None:
+            core = FleetCore(fleet, self.invariants, self.sweep_every_s)
+            pair = self.fleets[fleet] = (core, Auditor(fleet, self.config, core.mirror.predictor))
+        return pair
+
+    def run(self, stream: Sequence[StreamItem]) -> list[AuditOutcome]:
+        outcomes = []
+        for item in stream:
+            core, auditor = self._fleet(item[2])
+            if item[0] == "dispatch" and item[5] is not None:
+                ingest_id, policy, view = item[5]
+                mirror = core.mirror
+                request = mirror.requests.get(item[3])
+                outcomes.append(
+                    auditor.audit(
+                        AuditJob(
+                            ingest_id, item[2], item[1], item[3],
+                            request.prompt_tokens if request is not None else 0,
+                            request.prompt_key if request is not None else int(NO_KEY),
+                            item[4], policy, view, mirror.snapshot(),
+                        )
+                    )
+                )  # fmt: skip
+            core.apply_item(item)
+        return outcomes
+
+
+#: The follower of a worker process (set by `start_worker`).
+_WORKER: AuditFollower | None = None
+
+
+def start_worker(
+    config: AuditConfig, invariants: InvariantConfig | None, sweep_every_s: float
+) -> None:
+    """Process-pool initializer: one follower per worker process, alive across batches."""
+    global _WORKER
+    _WORKER = AuditFollower(config, invariants, sweep_every_s)
+
+
+def run_in_worker(stream: Sequence[StreamItem]) -> list[AuditOutcome]:
+    assert _WORKER is not None, "start_worker was not run in this process"
+    return _WORKER.run(stream)

@@ -1,0 +1,245 @@
+"""The invariants of ARCHITECTURE.md, on the live stream and on shadow decisions.
+
+Each check looks at the mirror just before an event is applied. A violation is counted
+once per incident (kind, worker, request), not once per event that shows it again.
+Critical kinds feed the gate and the fallback.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from shadow.stream.mirror import FleetMirror
+
+CRITICAL = "critical"
+WARNING = "warning"
+
+#: kind -> (severity, what it means)
+KINDS: dict[str, tuple[str, str]] = {
+    "double_dispatch": (CRITICAL, "a request dispatched again while active or after finishing"),
+    "over_capacity": (CRITICAL, "a dispatch to a worker with no free slot (active > B)"),
+    "dispatch_without_ready": (WARNING, "a dispatch of a request never seen ready"),
+    "dispatch_to_unknown_worker": (WARNING, "a dispatch to a worker never announced"),
+    "progress_decreased": (WARNING, "cumulative progress went down"),
+    "progress_after_finish": (WARNING, "progress reported after the request finished"),
+    "finish_unknown_request": (WARNING, "a finish for a request never dispatched"),
+    "ghost": (WARNING, "an active request with no progress for the ghost TTL; slot released"),
+    "engine_drift": (WARNING, "mirror active count differs from the engine's running count"),
+    "invalid_shadow_decision": (CRITICAL, "a shadow policy chose a full or unknown worker"),
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    severity: str
+    fleet: str
+    worker: str | None
+    request_id: str | None
+    ts: float
+    detail: str
+
+
+@dataclass(frozen=True)
+class InvariantConfig:
+    ghost_ttl_s: float = 120.0
+    #: a live dispatch can race a step boundary by a few ms, so one request of slack
+    drift_tolerance: int = 1
+    #: scrapes race the event stream by milliseconds, so they get some slack
+    scrape_drift_tolerance: int = 2
+    drift_samples: int = 3
+
+
+class InvariantChecker:
+    """Checks for one fleet; remembers what it already reported."""
+
+    def __init__(self, fleet: str, config: InvariantConfig | None = None) -> None:
+        self.fleet = fleet
+        self.config = config or InvariantConfig()
+        self._reported: set[tuple[str, str | None, str | None]] = set()
+        #: (ts, key) of the reported incidents of requests, oldest first, for `forget`
+        self._request_incidents: deque[tuple[float, tuple[str, str | None, str]]] = deque()
+        self._drift_run: dict[str, int] = {}
+
+    @property
+    def remembered(self) -> int:
+        """Incidents remembered as reported (bounded by `forget`)."""
+        return len(self._reported)
+
+    def forget(self, before_ts: float) -> None:
+        """Forget the incidents of requests reported before `before_ts`, with the
+        requests the mirror forgets (`FleetMirror.forget_finished`): a misbehaving source
+        raises one per request, so remembering them all would grow without bound. The
+        mirror ignores later events of a forgotten request, so none is reported twice."""
+        incidents = self._request_incidents
+        while incidents and incidents[0][0] < before_ts:
+            self._reported.discard(incidents.popleft()[1])
+
+    def _violation(
+        self, kind: str, ts: float, worker: str | None, request_id: str | None, detail: str
+    ) -> list[Violation]:
+        key = (kind, worker, request_id)
+        if key in self._reported:
+            return []
+        self._reported.add(key)
+        if request_id is not None:
+            self._request_incidents.append((ts, (kind, worker, request_id)))
+        return [Violation(kind, KINDS[kind][0], self.fleet, worker, request_id, ts, detail)]
+
+    def before_dispatch(
+        self, mirror: FleetMirror, ts: float, request_id: str, worker_id: str
+    ) -> list[Violation]:
+        found: list[Violation] = []
+        if mirror.is_stale(ts, request_id):
+            return found  # a late duplicate of a forgotten request: the mirror ignores it
+        request = mirror.requests.get(request_id)
+        worker = mirror.workers.get(worker_id)
+        if request is None:
+            found += self._violation(
+                "dispatch_without_ready",
+                ts,
+                worker_id,
+                request_id,
+                f"dispatch of {request_id} to {worker_id}, never seen ready",
+            )
+        elif request.worker is not None or request.finished:
+            where = request.worker.worker_id if request.worker is not None else "(finished)"
+            found += self._violation(
+                "double_dispatch",
+                ts,
+                worker_id,
+                request_id,
+                f"{request_id} dispatched to {worker_id} while already on {where}",
+            )
+            return found
+        if worker is None:
+            found += self._violation(
+                "dispatch_to_unknown_worker",
+                ts,
+                worker_id,
+                request_id,
+                f"worker {worker_id} was never announced by a worker event",
+            )
+        elif len(worker.active) >= worker.capacity or not worker.accepting:
+            found += self._violation(
+                "over_capacity",
+                ts,
+                worker_id,
+                request_id,
+                f"{worker_id} has {len(worker.active)} active of B = {worker.capacity} "
+                f"(state {worker.state}) when {request_id} arrives",
+            )
+        return found
+
+    def before_progress(
+        self, mirror: FleetMirror, ts: float, request_id: str, generated: int
+    ) -> list[Violation]:
+        request = mirror.requests.get(request_id)
+        if request is None:
+            return []
+        worker = request.worker.worker_id if request.worker is not None else None
+        if request.finished:
+            if request.output_tokens is not None and generated <= request.output_tokens:
+                return []  # a late duplicate of what the finish already said
+            return self._violation(
+                "progress_after_finish",
+                ts,
+                worker,
+                request_id,
+                f"{request_id} reported {generated} tokens after finishing",
+            )
+        if generated < request.progress:
+            return self._violation(
+                "progress_decreased",
+                ts,
+                worker,
+                request_id,
+                f"{request_id} progress went from {request.progress} down to {generated}",
+            )
+        return []
+
+    def before_finish(self, mirror: FleetMirror, ts: float, request_id: str) -> list[Violation]:
+        request = mirror.requests.get(request_id)
+        if request_id in mirror.pool:
+            return []  # left the pool before dispatch (a client gave up): legitimate
+        if mirror.is_stale(ts, request_id):
+            return []  # a late duplicate of a forgotten request
+        if request is None or (request.worker is None and not request.finished):
+            return self._violation(
+                "finish_unknown_request",
+                ts,
+                None,
+                request_id,
+                f"finish for {request_id}, which was never dispatched",
+            )
+        return []
+
+    def on_engine_step(
+        self, ts: float, worker_id: str, expected: int, running: int
+    ) -> list[Violation]:
+        """The engine ran `running` requests in a step where the mirror expected `expected`."""
+        return self._compare(ts, worker_id, expected, running, "step")
+
+    def on_engine_sample(
+        self, mirror: FleetMirror, ts: float, worker_id: str, running: float
+    ) -> list[Violation]:
+        """A scrape of the engine's `/metrics`, checked once the mirror reached its time."""
+        worker = mirror.workers.get(worker_id)
+        if worker is None:
+            return []
+        return self._compare(ts, worker_id, len(worker.active), running, "scrape")
+
+    def _compare(
+        self, ts: float, worker_id: str, expected: int, running: float, what: str
+    ) -> list[Violation]:
+        key = f"{what}:{worker_id}"
+        tolerance = (
+            self.config.scrape_drift_tolerance if what == "scrape" else self.config.drift_tolerance
+        )
+        if abs(expected - running) > tolerance:
+            run = self._drift_run.get(key, 0) + 1
+            self._drift_run[key] = run
+            if run >= self.config.drift_samples:
+                return self._violation(
+                    "engine_drift",
+                    ts,
+                    worker_id,
+                    None,
+                    f"{worker_id}: mirror has {expected} active, engine reports "
+                    f"{running:g} running for {run} {what}s",
+                )
+        else:
+            self._drift_run[key] = 0
+        return []
+
+    def sweep_ghosts(self, mirror: FleetMirror) -> list[Violation]:
+        """Flag and release active requests silent for longer than the ghost TTL."""
+        found: list[Violation] = []
+        limit = mirror.now - self.config.ghost_ttl_s
+        for worker in mirror.order:
+            silent = [r for r in worker.active.values() if r.last_seen_ts < limit]
+            for request in silent:
+                found += self._violation(
+                    "ghost",
+                    mirror.now,
+                    worker.worker_id,
+                    request.request_id,
+                    f"{request.request_id} on {worker.worker_id}: no progress since "
+                    f"{request.last_seen_ts:.3f} s (TTL {self.config.ghost_ttl_s:g} s); released",
+                )
+                mirror.release_ghost(request)
+        return found
+
+    def shadow_decision(
+        self, ts: float, policy: str, request_id: str, worker_id: str, free_slots: int
+    ) -> list[Violation]:
+        if free_slots <= 0:
+            return self._violation(
+                "invalid_shadow_decision",
+                ts,
+                worker_id,
+                request_id,
+                f"{policy} chose {worker_id} for {request_id} with no free slot",
+            )
+        return []

@@ -1,0 +1,120 @@
+"""The emulated world around the shadow service: a decode fleet, the SSE tap in front of
+it and the incumbent JSQ router in front of that, each a real HTTP server on loopback.
+
+    clients -> router (JSQ) -> tap -> worker g        tap, engines --events--> service
+                                                        service --scrapes--> /metrics
+
+`shadow serve --demo` runs one in a child process with a load generator; the end-to-end
+tests run one in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from shadow.connectors.sink import HttpEventSink
+from shadow.replay.workload import StepModel
+from shadow.world.emulator import EmulatedFleet, QuietServer
+from shadow.world.process import free_port
+from shadow.world.router import Router
+from shadow.world.tap import Tap
+
+
+@dataclass(frozen=True)
+class WorldOptions:
+    workers: int = 4
+    batch: int = 16
+    time_scale: float = 1.0
+    router_policy: str = "jsq"
+    progress_interval_s: float = 0.1
+    fleet: str = "default"
+    step_model: StepModel = field(default_factory=StepModel)
+    #: a tag unique to this start (e.g. the boot time): source names carry it and engine
+    #: steps are numbered from it, so a restarted world is not mistaken for a replay of the
+    #: last one (the service de-duplicates by source seq and by worker step)
+    incarnation: int | None = None
+
+
+@dataclass(frozen=True)
+class WorldAddresses:
+    router: str
+    tap: str
+    workers: dict[str, str]
+
+
+class World:
+    def __init__(self, service_url: str, options: WorldOptions | None = None) -> None:
+        self.options = options or WorldOptions()
+        self.service_url = service_url
+        o = self.options
+        tag = "" if o.incarnation is None else f"-{o.incarnation}"
+        self.engine_sink = HttpEventSink(service_url, source=f"engines{tag}", fleet=o.fleet)
+        self.tap_sink = HttpEventSink(service_url, source=f"tap{tag}", fleet=o.fleet)
+        self.router_sink = HttpEventSink(service_url, source=f"router{tag}", fleet=o.fleet)
+        self.fleet = EmulatedFleet(
+            o.workers, o.batch, step_model=o.step_model, time_scale=o.time_scale,
+            sink=self.engine_sink,
+        )  # fmt: skip
+        if o.incarnation is not None:
+            self.fleet.steps = o.incarnation * 1000  # above every step of an earlier start
+        self._servers: list[uvicorn.Server] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.tap: Tap | None = None
+        self.router: Router | None = None
+        self.addresses: WorldAddresses | None = None
+
+    async def _serve(self, app: object) -> str:
+        port = free_port()
+        # leaves signal handlers alone: the world runs inside the demo's process, which
+        # ignores Ctrl-C and is stopped by the service (a handler here made the demo
+        # quit first, and the service's shutdown fail)
+        server = QuietServer(
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="on",
+                timeout_keep_alive=120,  # longer than any client idles: no reuse-vs-close race
+            )
+        )
+        self._servers.append(server)
+        self._tasks.append(asyncio.create_task(server.serve()))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        return f"http://127.0.0.1:{port}"
+
+    async def start(self) -> WorldAddresses:
+        await self.engine_sink.start()
+        await self.tap_sink.start()
+        await self.router_sink.start()
+        await self.fleet.start()
+        workers = {str(g): url for g, url in enumerate(self.fleet.worker_urls)}
+        self.tap = Tap(
+            workers, self.tap_sink, capacity=self.options.batch,
+            policy=self.options.router_policy,
+            progress_interval_s=self.options.progress_interval_s, emit_ready=False,
+        )  # fmt: skip
+        tap_url = await self._serve(self.tap.app)
+        self.router = Router(
+            list(workers), tap_url, capacity=self.options.batch,
+            policy=self.options.router_policy, sink=self.router_sink,
+        )  # fmt: skip
+        router_url = await self._serve(self.router.app)
+        self.addresses = WorldAddresses(router_url, tap_url, workers)
+        return self.addresses
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        for task in self._tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+        await self.fleet.stop()
+        await self.router_sink.aclose()
+        await self.tap_sink.aclose()
+        await self.engine_sink.aclose()

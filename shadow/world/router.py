@@ -1,0 +1,180 @@
+"""The incumbent router: an OpenAI-compatible proxy that picks the decode worker by JSQ
+(fewest requests in flight, ties to the lowest index), like the vllm-ascend example
+proxy; `rr` selectable.
+
+As in BALANCEROUTE.md, a request whose prefill is done waits in the router's ready pool
+(oldest first) until some worker has a free slot (`capacity` in flight); only then is it
+dispatched. The router announces `ready` when a request enters the pool (the tap announces
+the rest), and tells the tap what it believed when it chose (`x-router-view`), so the
+audit can tell the router's view apart from the mirror's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from shadow.connectors.sink import HttpEventSink
+from shadow.world.tap import HOP_BY_HOP, prompt_hash_of, prompt_tokens_of, proxy_client
+
+POLICIES = ("jsq", "rr")
+
+
+class Router:
+    def __init__(
+        self,
+        workers: list[str],
+        upstream: str,
+        *,
+        capacity: int,
+        policy: str = "jsq",
+        sink: HttpEventSink | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        """`workers` are worker ids; requests go to `{upstream}/{worker}/...` (the tap)."""
+        self.capacity = capacity
+        self.sink = sink
+        self._pool: deque[asyncio.Future[str]] = deque()
+        if policy not in POLICIES:
+            raise ValueError(f"router policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.workers = list(workers)
+        self.upstream = upstream.rstrip("/")
+        self.policy = policy
+        self.in_flight = dict.fromkeys(self.workers, 0)
+        self.excluded: set[str] = set()
+        self._cursor = 0
+        self._client = client
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self.generate, methods=["POST"]),
+                Route("/v1/chat/completions", self.generate, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self._client = self._client or proxy_client()
+        try:
+            yield
+        finally:
+            await self._client.aclose()
+
+    def choose(self) -> str | None:
+        """A worker with a free slot by the policy, or None when every one is full."""
+        candidates = [
+            w for w in self.workers if w not in self.excluded and self.in_flight[w] < self.capacity
+        ]
+        if not candidates:
+            return None
+        if self.policy == "rr":
+            for step in range(len(self.workers)):
+                worker = self.workers[(self._cursor + step) % len(self.workers)]
+                if worker in candidates:
+                    self._cursor = self.workers.index(worker) + 1
+                    return worker
+        return min(candidates, key=lambda w: (self.in_flight[w], self.workers.index(w)))
+
+    def _take(self) -> str | None:
+        worker = self.choose()
+        if worker is not None:
+            self.in_flight[worker] += 1
+        return worker
+
+    def _release(self, worker: str) -> None:
+        """A slot freed: hand it to the oldest request waiting in the pool."""
+        self.in_flight[worker] -= 1
+        while self._pool:
+            waiter = self._pool[0]
+            if waiter.done():
+                self._pool.popleft()
+                continue
+            chosen = self._take()
+            if chosen is None:
+                return
+            self._pool.popleft()
+            waiter.set_result(chosen)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"ok": True, "policy": self.policy, "in_flight": self.in_flight})
+
+    async def models(self, request: Request) -> Response:
+        assert self._client is not None
+        answer = await self._client.get(f"{self.upstream}/{self.workers[0]}/v1/models")
+        return Response(answer.content, answer.status_code, {"content-type": "application/json"})
+
+    async def generate(self, request: Request) -> Response:
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        request_id = headers.setdefault("x-request-id", f"rt-{uuid.uuid4().hex}")
+        if self.sink is not None:
+            try:
+                parsed = json.loads(body) if body else {}
+            except ValueError:
+                parsed = {}
+            self.sink.put(
+                {"type": "ready", "ts": time.time(), "request_id": request_id,
+                 "prompt_tokens": prompt_tokens_of(parsed), "prompt_hash": prompt_hash_of(parsed)}
+            )  # fmt: skip
+        view = {w: {"running": n} for w, n in self.in_flight.items()}
+        worker = self._take() if not self._pool else None
+        if worker is None:  # wait in the ready pool for a free slot
+            waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self._pool.append(waiter)
+            try:
+                worker = await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._release(waiter.result())
+                if self.sink is not None:
+                    self.sink.put(
+                        {"type": "finish", "ts": time.time(), "request_id": request_id,
+                         "output_tokens": 0, "reason": "cancelled"}
+                    )  # fmt: skip
+                raise
+            view = {w: {"running": n - (w == worker)} for w, n in self.in_flight.items()}
+        headers["x-router-view"] = json.dumps(view, separators=(",", ":"))
+        headers["x-router-policy"] = self.policy
+        assert self._client is not None
+        try:
+            upstream = await self._client.send(
+                self._client.build_request(
+                    "POST", f"{self.upstream}/{worker}{request.url.path}", headers=headers,
+                    content=body,
+                ),
+                stream=True,
+            )  # fmt: skip
+        except httpx.HTTPError as error:
+            self.excluded.add(worker)
+            self._release(worker)
+            return JSONResponse({"error": f"upstream {worker}: {error}"}, status_code=502)
+        if upstream.status_code == 502:
+            self.excluded.add(worker)
+        return StreamingResponse(
+            self._relay(worker, upstream),
+            status_code=upstream.status_code,
+            headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+        )
+
+    async def _relay(self, worker: str, upstream: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError:
+            self.excluded.add(worker)
+        finally:
+            self._release(worker)
+            with contextlib.suppress(Exception):
+                await upstream.aclose()
