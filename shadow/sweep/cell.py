@@ -2,7 +2,8 @@
 
 Plain data in (a workload and a parameter mapping), plain data out (the metrics, and the
 per-step series when asked), so the same function runs in this process, in a process pool
-or as a Ray task and gives the same numbers; only `sched_ms_*` (wall time) differ.
+or as a Ray task and gives the same numbers; only `sched_ms_*` (wall time) differ. The
+replay itself is `shadow.replay.run`'s, the same path `shadow replay` takes.
 """
 
 from __future__ import annotations
@@ -10,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadow.analysis.metrics import per_step, summarize
-from shadow.policies import BalanceRouteConfig, make_policy
-from shadow.replay import replay
+from shadow.policies import BalanceRouteConfig
+from shadow.replay.run import replay_policy, retimed
 from shadow.replay.workload import StepModel, Workload
-from shadow.workloads.traces import retime
 
 #: Metrics that measure wall time, not the simulated fleet: they differ between runs.
 TIMING_METRICS = ("sched_ms_p50", "sched_ms_p99")
@@ -35,25 +34,26 @@ def run_cell(workload: Workload, params: Mapping[str, Any], steps: bool = False)
     `steps`, `{"steps", "worker_load", "worker_active"}` for the replay tables."""
     model = StepModel(float(params["step_a"]), float(params["step_b"]))
     workers, batch = int(params["workers"]), int(params["batch"])
-    if params.get("load") is not None:
-        workload = retime(
-            workload, load=float(params["load"]), workers=workers, batch=batch, step_model=model
-        )
-    policy = make_policy(
-        str(params["policy"]), seed=int(params["seed"]), config=balance_config(params)
+    load = params.get("load")
+    workload = retimed(
+        workload,
+        workers=workers,
+        batch=batch,
+        step_model=model,
+        load=float(load) if load is not None else None,
     )
-    result = replay(workload, policy, workers=workers, batch=batch, step_model=model)
-    out: dict[str, Any] = {"requests": len(workload), "metrics": summarize(result)}
+    run = replay_policy(
+        workload,
+        str(params["policy"]),
+        workers=workers,
+        batch=batch,
+        step_model=model,
+        seed=int(params["seed"]),
+        config=balance_config(params),
+    )
+    out: dict[str, Any] = {"requests": len(workload), "metrics": run.metrics}
     if steps:
-        series = per_step(result)
-        out["steps"] = {
-            "start_ms": result.step_start_ms,
-            "duration_ms": result.step_duration_ms,
-            "max_load": series["max"],
-            "min_load": series["min"],
-            "sum_load": series["sum"],
-            "active": result.worker_active.sum(axis=1),
-        }
-        out["worker_load"] = result.worker_load
-        out["worker_active"] = result.worker_active
+        out["steps"] = run.step_series()
+        out["worker_load"] = run.result.worker_load
+        out["worker_active"] = run.result.worker_active
     return out

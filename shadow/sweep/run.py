@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shadow.replay.run import require_requests
 from shadow.replay.workload import Workload
 from shadow.storage import Database
 from shadow.sweep.executors import CellOutcome, CellTask, Executor
@@ -51,7 +52,7 @@ def plan_sweep(
     skip_bad: bool = False,
 ) -> SweepPlan:
     """Load the workloads and key every cell. Raises `GridError` (bad grid) or the trace
-    loader's errors (`TraceError`, `ValueError`)."""
+    loader's errors (`TraceError`, `ValueError`; `EmptyWorkload` when filtering left nothing)."""
     cells = expand(spec)
     limit = spec.trace.get("limit")
     output_min = spec.trace.get("output_min")
@@ -69,8 +70,7 @@ def plan_sweep(
             limit=limit,
             skip_bad=skip_bad,
         )
-        if not len(loaded.workload):
-            raise ValueError(f"{trace}: no requests left to replay after filtering")
+        require_requests(loaded.workload, trace)
         digest = workload_digest(loaded.workload)
         workloads[digest] = loaded.workload
         sources[digest] = loaded.source
