@@ -1,0 +1,37 @@
+"""`shadow audit`: verify the audit log's hash chain."""
+
+from __future__ import annotations
+
+import typer
+
+from shadow.cli.shared import DEFAULT_DB, DbOption, UrlOption, console, fail
+
+audit_app = typer.Typer(help="The tamper-evident audit log.", no_args_is_help=True)
+
+
+@audit_app.command("verify")
+def audit_verify(db: DbOption = DEFAULT_DB, url: UrlOption = None) -> None:
+    """Recompute the audit log's hash chain; exit 1 at the first row that does not match."""
+    if url is not None:
+        import httpx
+
+        result = httpx.get(f"{url.rstrip('/')}/v1/audit/verify", timeout=60).json()
+        ok, rows, bad, problem = (
+            result["ok"],
+            result["rows"],
+            result["first_bad_seq"],
+            result["problem"],
+        )
+    else:
+        if not db.exists():
+            raise fail(f"{db}: no such database", code=2)
+        from shadow.modes import auditlog
+        from shadow.storage import open_database
+
+        with open_database(db) as database:
+            verdict = auditlog.verify(database.engine)
+        ok, rows, bad, problem = verdict.ok, verdict.rows, verdict.first_bad_seq, verdict.problem
+    if ok:
+        console.print(f"audit log intact: {rows} rows, hash chain verified")
+        return
+    raise fail(f"audit log broken at row {bad}: {problem}")

@@ -1,0 +1,338 @@
+"""`shadow bench`: the benchmarks that print numbers (router, ingest, load, ui, replay,
+sweep); each command runs one `shadow.bench` module and draws its table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from shadow.cli.replay import load_workload
+from shadow.cli.shared import ALL_POLICIES, console, fail, policy_names
+
+bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
+
+
+@bench_app.command("router")
+def bench_router(
+    policies: Annotated[
+        str, typer.Option(help="Comma-separated policy names to time.")
+    ] = "br0,brh-survival",
+    rounds: Annotated[int, typer.Option(min=10, help="Admission rounds per case.")] = 500,
+    seed: Annotated[int, typer.Option(help="Seed of the random snapshots.")] = 0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the results as JSON to this file.")
+    ] = None,
+) -> None:
+    """Milliseconds per admission round (P50/P99/max) at the paper's fleet shapes."""
+    from shadow.bench import router
+
+    names = policy_names(policies)
+    table = Table(title=f"Admission round latency ({rounds} rounds per case)")
+    for column in ("policy", "G", "B", "pool", "free", "P50 ms", "P99 ms", "max ms", "P99 target"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    results = []
+    total = len(names) * len(router.DEFAULT_CASES)
+    with console.status("timing admission rounds") as status:
+        for done, (case, result) in enumerate(
+            router.run(names, router.DEFAULT_CASES, rounds, seed), start=1
+        ):
+            status.update(f"timing admission rounds ({done}/{total})")
+            results.append(result)
+            target = "-"
+            if case.target_p99_ms is not None:
+                met = result.p99_ms <= case.target_p99_ms
+                verdict = "[green]ok" if met else "[red]MISSED"
+                target = f"<= {case.target_p99_ms:g} {verdict}"
+            table.add_row(
+                result.policy,
+                str(result.workers),
+                str(result.batch),
+                str(result.pool),
+                str(result.free_slots),
+                f"{result.p50_ms:.3f}",
+                f"{result.p99_ms:.3f}",
+                f"{result.max_ms:.3f}",
+                target,
+            )
+    console.print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps(router.as_json(results), indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+#: where `bench ingest` and `bench load` keep their files
+BenchWorkdir = Annotated[
+    Path | None,
+    typer.Option(
+        help="Keep the recording and databases here (default: a temporary folder, "
+        "removed afterwards)."
+    ),
+]
+
+
+@bench_app.command("ingest")
+def bench_ingest(
+    requests: Annotated[int, typer.Option(min=100, help="Requests in the recorded log.")] = 10_000,
+    workdir: BenchWorkdir = None,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Sustained events/s from a file and over HTTP, audit and invariants on."""
+    from shadow.bench import ingest as bench
+
+    with console.status("recording and ingesting (file, then HTTP)"):
+        report = bench.run(requests, workdir)
+    log = report["log"]
+    table = Table(
+        title=f"Ingest: {log['events']:,} events, 8 workers, {log['fleet_seconds']:.0f} s "
+        "of fleet time (audit + invariants on, windows off)"
+    )
+    for column in ("path", "events", "seconds", "events/s", "target"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    for result in report["results"]:
+        met = "[green]ok" if result["events_per_s"] >= result["target"] else "[red]MISSED"
+        table.add_row(
+            result["path"], f"{result['events']:,}", f"{result['seconds']:.2f}",
+            f"{result['events_per_s']:,.0f}", f">= {result['target']:,.0f} {met}",
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"database: {report['database_bytes'] / 2**20:.1f} MiB for {log['fleet_seconds']:.0f} s "
+        f"of fleet time, about {report['database_bytes_per_day_8_workers'] / 2**30:.2f} GiB "
+        "per day of an 8-worker fleet"
+    )
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+@bench_app.command("load")
+def bench_load(
+    rate: Annotated[float, typer.Option(min=1, help="Target events per second.")] = 40_000.0,
+    duration: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load.")] = 300.0,
+    batch: Annotated[int, typer.Option(min=1, help="Events per POST.")] = 2000,
+    senders: Annotated[
+        int, typer.Option(min=1, help="Concurrent HTTP clients (event sources).")
+    ] = 16,
+    duckdb_memory_mb: Annotated[
+        int,
+        typer.Option(
+            min=64,
+            help="The server's DuckDB buffer pool: small, so that it fills during the "
+            "warm-up and the memory judged after it is the rest of the service's.",
+        ),
+    ] = 64,
+    workdir: BenchWorkdir = None,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Sustained HTTP ingest at a fixed rate, audit on; checks every acknowledged event
+    is stored exactly once and reports latency and resident memory (growth after the
+    first minute, for the server and its worker processes)."""
+    from shadow.bench import load as bench
+
+    report = bench.run(rate=rate, duration_s=duration, batch=batch, senders=senders,
+                       duckdb_memory_mb=duckdb_memory_mb, workdir=workdir,
+                       note=lambda m: console.print(m))  # fmt: skip
+    latency, rss = report["latency_ms"], report["rss_mib"]
+    console.print(
+        f"{report['events_acknowledged']:,} events acknowledged in {report['duration_s']:.0f} s "
+        f"= {report['events_per_s']:,.0f} events/s (target {rate:,.0f}); "
+        f"{report['failed_batches']} of {report['batches']} batches failed"
+    )
+    behind = report["behind_schedule_s"]
+    console.print(
+        f"sustained: {report['sustained_events_per_s']:,.0f} events/s acknowledged while the "
+        f"load ran ({report['events_offered']:,} offered); senders behind schedule "
+        f"{behind['end']:.2f} s at the end, {behind['max']:.2f} s at worst"
+    )
+    console.print(f"ingest latency per batch of {batch}: P50 {latency['p50']:.0f} ms, "
+                  f"P99 {latency['p99']:.0f} ms, max {latency['max']:.0f} ms")  # fmt: skip
+    cpu, workers = report["server_cpu_us_per_event"], report["workers_cpu_us_per_event"]
+    if cpu is not None and workers is not None:
+        console.print(f"CPU per event (median of the {bench.INTERVAL_S:.0f} s intervals after "
+                      f"the warm-up, min-max): server "
+                      f"{cpu['median']:.1f} us ({cpu['min']:.1f}-{cpu['max']:.1f}), worker "
+                      f"processes {workers['median']:.1f} us ({workers['min']:.1f}-"
+                      f"{workers['max']:.1f})")  # fmt: skip
+    commits = report["commits"]
+    console.print(f"group commit: {commits['batches']:,.0f} batches in "
+                  f"{commits['transactions']:,.0f} transactions "
+                  f"({commits['batches_per_transaction']:.2f} per transaction), the commit "
+                  f"thread busy {commits['busy_fraction']:.0%} of the time")  # fmt: skip
+    console.print(f"stored: {report['stored']}; lost: {report['lost'] or 'none'}; "
+                  f"duplicates: {report['duplicates']}; invariant violations: "
+                  f"{report['violations'] or 'none'}")  # fmt: skip
+    console.print(f"resident memory (server + audit worker): {rss['after_warmup']:,.0f} MiB "
+                  f"after warm-up, {rss['end']:,.0f} MiB at the end, max "
+                  f"{rss['max_after_warmup']:,.0f} MiB")  # fmt: skip
+    if rss["growth_mib_per_min"] is not None:
+        console.print(f"growth after warm-up: {rss['growth_mib_per_min']:+.1f} MiB/min (server "
+                      f"{rss['server_growth_mib_per_min']:+.1f}, worker processes "
+                      f"{rss['workers_growth_mib_per_min']:+.1f})")  # fmt: skip
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+@bench_app.command("ui")
+def bench_ui(
+    hours: Annotated[float, typer.Option(min=0.1, help="Hours of fleet data to build.")] = 24.0,
+    db: Annotated[
+        Path | None,
+        typer.Option(help="Keep the built database here (reused if it exists)."),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed loads per page.")] = 3,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Page loads in Chromium (navigation to drawn) with a day of 8-worker data."""
+    from shadow.bench import ui as bench
+
+    report = bench.run(db, hours=hours, repeats=repeats, note=lambda m: console.print(m))
+    table = Table(title=f"UI page loads, {hours:g} h of 8-worker data "
+                  f"({report['build']['database_bytes'] / 2**20:,.0f} MiB database)")  # fmt: skip
+    for column in ("page", "median ms", "max ms", "target"):
+        table.add_column(column, justify="left" if column == "page" else "right")
+    for name, timing in report["pages"].items():
+        met = "[green]ok" if timing["max_ms"] < report["target_ms"] else "[red]MISSED"
+        table.add_row(name, f"{timing['median_ms']:.0f}", f"{timing['max_ms']:.0f}",
+                      f"< {report['target_ms']:.0f} {met}")  # fmt: skip
+    console.print(table)
+    api = Table(title="API calls behind the pages")
+    for column in ("call", "median ms", "max ms", "KiB"):
+        api.add_column(column, justify="left" if column == "call" else "right")
+    for name, timing in report["api"].items():
+        api.add_row(name, f"{timing['median_ms']:.0f}", f"{timing['max_ms']:.0f}",
+                    f"{timing['bytes'] / 1024:,.0f}")  # fmt: skip
+    console.print(api)
+    console.print(f"service start (re-applies the recorded events): {report['startup_s']:.1f} s")
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+@bench_app.command("replay")
+def bench_replay(
+    trace: Annotated[str, typer.Argument(help="Trace file or synthetic:PRESET.")] = (
+        "synthetic:paper-azure2024"
+    ),
+    workers: Annotated[int, typer.Option(min=1)] = 8,
+    batch: Annotated[int, typer.Option(min=1)] = 64,
+    load: Annotated[float, typer.Option(min=0.0, help="1.0 = fleet capacity.")] = 1.0,
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = ALL_POLICIES,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Simulated steps/s and peak memory per policy (each in a fresh process)."""
+    from shadow.bench import replay as bench
+    from shadow.replay.workload import StepModel
+
+    names = policy_names(policies)
+    model = StepModel()
+    loaded, workload = load_workload(
+        trace,
+        trace_format="auto",
+        seed=seed,
+        output_min=None,
+        limit=None,
+        skip_bad=False,
+        load=load,
+        rate_scale=None,
+        workers=workers,
+        batch=batch,
+        step_model=model,
+    )
+    table = Table(
+        title=f"Replay speed: {loaded.source}, {len(workload):,} requests, "
+        f"G = {workers}, B = {batch}, load {load}"
+    )
+    for column in ("policy", "steps", "seconds", "steps/s", "peak RSS MiB", "before MiB", "target"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    results = []
+    with console.status("replaying") as status:
+        for name in names:
+            status.update(f"replaying {name}")
+            result = bench.run(
+                workload, [name], workers=workers, batch=batch, step_model=model, seed=seed
+            )[0]
+            results.append(result)
+            goal = 8_000 if name.startswith("br") else 30_000  # BR-0 and BR-H: 8,000
+            verdict = "[green]ok" if result.steps_per_s >= goal else "[red]MISSED"
+            table.add_row(
+                name,
+                f"{result.steps:,}",
+                f"{result.seconds:.2f}",
+                f"{result.steps_per_s:,.0f}",
+                f"{result.peak_rss_mib:.0f}",
+                f"{result.baseline_rss_mib:.0f}",
+                f">= {goal:,} {verdict}",
+            )
+    total = sum(r.seconds for r in results)
+    console.print(table)
+    console.print(f"all {len(results)} policies: {total:.1f} s of replay (target <= 30 s)")
+    if json_out is not None:
+        json_out.write_text(
+            json.dumps(bench.as_json(results) | {"total_s": total}, indent=2) + "\n"
+        )
+        console.print(f"wrote {json_out}")
+
+
+@bench_app.command("sweep")
+def bench_sweep(
+    trace: Annotated[str, typer.Argument(help="Trace file or synthetic:PRESET.")] = (
+        "synthetic:paper-azure2024"
+    ),
+    limit: Annotated[int, typer.Option(min=1, help="Requests per cell.")] = 3000,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per configuration (9 each).")] = 5,
+    ray: Annotated[bool, typer.Option(help="Also time a local Ray runtime.")] = True,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Sweep cells per minute on a process pool (1, 2 workers) and Ray, and Ray's overhead."""
+    from shadow.bench import sweep as bench
+    from shadow.sweep import GridError, RayUnavailable
+
+    executors = [("pool", 1), ("pool", 2)] + ([("ray", 2)] if ray else [])
+    try:
+        report = bench.run(
+            trace,
+            bench.default_spec(limit=limit, seeds=seeds),
+            executors,
+            note=lambda m: console.print(m),
+        )
+    except (GridError, ValueError) as error:
+        raise fail(str(error), code=2) from None
+    except RayUnavailable as error:
+        raise fail(f"{error} (or pass --no-ray)") from None
+    table = Table(
+        title=f"Sweep throughput: {report['cells']} BR-H cells of {report['requests']:,} "
+        f"requests ({trace}, G = 8, load 1.0)"
+    )
+    columns = ("executor", "workers", "cells", "start-up s", "wall s", "cells/min", "CPU share")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "executor" else "right")
+    for r in report["results"]:
+        share = "-" if r["cpu_share"] is None else f"{r['cpu_share']:.0%}"
+        table.add_row(
+            r["executor"], str(r["workers"]), str(r["cells"]), f"{r['startup_s']:.1f}",
+            f"{r['wall_s']:.1f}", f"{r['cells_per_min']:.1f}", share,
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        "wall time includes starting the processes (and ray.init); CPU share: the pool's "
+        "CPU time / (wall x workers), below 100% when its workers waited for a core"
+    )
+    overhead = report["ray_overhead"]
+    if overhead:
+        console.print(
+            f"Ray vs the pool ({overhead['workers']} workers): {overhead['wall']:+.1%} wall time, "
+            f"{overhead['wall_without_init']:+.1%} without ray.init ({overhead['init_s']:.1f} s)"
+        )
+    same = "[green]yes" if report["identical"] else "[red]NO"
+    console.print(f"every executor gave the same results cell for cell: {same}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+    if not report["identical"]:
+        raise typer.Exit(1)

@@ -1,0 +1,263 @@
+"""`shadow replay`: replay a trace or preset under each policy and compare them.
+
+The replay itself is `shadow.replay.run`'s (the path the sweep cells take too); this
+module resolves the workload from the command line, draws the progress and the tables,
+and writes the JSON, the event stream and the stored run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from shadow.cli.shared import ALL_POLICIES, DEFAULT_DB, console, err_console, fail, policy_names
+
+
+def load_workload(
+    trace: str,
+    *,
+    trace_format: str,
+    seed: int,
+    output_min: int | None,
+    limit: int | None,
+    skip_bad: bool,
+    load: float | None,
+    rate_scale: float | None,
+    workers: int,
+    batch: int,
+    step_model: object,
+):
+    from shadow.workloads.traces import TraceError, resolve_workload, retime
+
+    if load is not None and rate_scale is not None:
+        raise typer.BadParameter("give --load or --rate-scale, not both", param_hint="--load")
+    try:
+        loaded = resolve_workload(
+            trace,
+            format=trace_format,
+            seed=seed,
+            output_min=output_min,
+            limit=limit,
+            skip_bad=skip_bad,
+        )
+    except TraceError as error:
+        raise fail(str(error)) from None
+    except ValueError as error:
+        raise fail(str(error), code=2) from None
+    workload = loaded.workload
+    if not len(workload):
+        raise fail(f"{trace}: no requests left to replay after filtering")
+    if load is not None or rate_scale is not None:
+        workload = retime(
+            workload,
+            rate_scale=rate_scale,
+            load=load,
+            workers=workers,
+            batch=batch,
+            step_model=step_model,
+        )
+    return loaded, workload
+
+
+def _print_replay_tables(policies: dict, title: str) -> None:
+    from shadow.analysis.report import DETAIL_COLUMNS, detail_rows, headline_headings, headline_rows
+
+    headline = Table(title=title)
+    headline.add_column("policy")
+    for heading in headline_headings():
+        headline.add_column(heading, justify="right")
+    for row in headline_rows(policies):
+        headline.add_row(*row)
+    console.print(headline)
+    detail = Table()
+    detail.add_column("policy")
+    for _, heading, _ in DETAIL_COLUMNS:
+        detail.add_column(heading, justify="right")
+    for row in detail_rows(policies):
+        detail.add_row(*row)
+    console.print(detail)
+    console.print("lower imbalance and TPOT, higher tok/s are better; ratios are against jsq")
+
+
+def replay(
+    trace: Annotated[
+        str, typer.Argument(help="Trace file, or synthetic:PRESET (paper-azure2024, ...).")
+    ],
+    trace_format: Annotated[
+        str, typer.Option("--format", help="auto, azure, mooncake, jsonl or csv.")
+    ] = "auto",
+    workers: Annotated[int, typer.Option(min=1, help="Decode workers G.")] = 8,
+    batch: Annotated[int, typer.Option(min=1, help="Slots per worker B.")] = 64,
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = ALL_POLICIES,
+    load: Annotated[
+        float | None, typer.Option(min=0.0, help="Re-time arrivals: 1.0 = fleet capacity.")
+    ] = None,
+    rate_scale: Annotated[
+        float | None, typer.Option(min=0.0, help="Re-time arrivals: multiply the rate by X.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Keep the first N requests.")] = None,
+    output_min: Annotated[
+        int | None, typer.Option(min=1, help="Keep requests with at least N output tokens.")
+    ] = None,
+    step_a: Annotated[float, typer.Option(help="Step model: ms per KV token.")] = 1.2e-4,
+    step_b: Annotated[float, typer.Option(help="Step model: fixed ms per step.")] = 20.0,
+    seed: Annotated[int, typer.Option(help="Seed for presets and randomised policies.")] = 0,
+    skip_bad: Annotated[
+        bool, typer.Option(help="Skip malformed trace rows (and count them).")
+    ] = False,
+    db: Annotated[Path | None, typer.Option(help="DuckDB file to store the run in.")] = (
+        DEFAULT_DB
+    ),
+    no_db: Annotated[bool, typer.Option("--no-db", help="Do not store the run.")] = False,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the report as JSON to this file.")
+    ] = None,
+    timing: Annotated[
+        bool,
+        typer.Option(
+            help="Put the measured scheduler wall time (sched_ms_*) into the JSON. Off by "
+            "default: without it the same seed gives byte-identical JSON."
+        ),
+    ] = False,
+    emit_events: Annotated[
+        Path | None,
+        typer.Option(help="Write the first policy's event stream (NDJSON) to this file."),
+    ] = None,
+    progress_every: Annotated[
+        int, typer.Option(min=1, help="Emitted progress: one event per N tokens per request.")
+    ] = 64,
+) -> None:
+    """Replay a trace or preset under each policy and compare them, as in the paper."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from shadow.analysis.metrics import per_step, summarize
+    from shadow.analysis.report import replay_report
+    from shadow.policies import make_policy
+    from shadow.replay import replay as run_replay
+    from shadow.replay.events import write_events
+    from shadow.replay.workload import StepModel
+
+    names = policy_names(policies)
+    try:
+        step_model = StepModel(step_a, step_b)
+    except ValueError as error:
+        raise fail(str(error), code=2) from None
+    loaded, workload = load_workload(
+        trace,
+        trace_format=trace_format,
+        seed=seed,
+        output_min=output_min,
+        limit=limit,
+        skip_bad=skip_bad,
+        load=load,
+        rate_scale=rate_scale,
+        workers=workers,
+        batch=batch,
+        step_model=step_model,
+    )
+    if loaded.skipped:
+        err_console.print(f"[yellow]skipped {loaded.skipped} malformed rows[/yellow]")
+    console.print(
+        f"[bold]{loaded.source}[/bold]: {len(workload):,} requests, G = {workers}, B = {batch}, "
+        f"step model T = {step_model.a_ms_per_token:g} ms/token x max L + {step_model.b_ms:g} ms"
+    )
+
+    summaries: dict[str, dict[str, float]] = {}
+    results = {}
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        for name in names:
+            task = bar.add_task(f"{name:15s}", total=len(workload))
+            result = run_replay(
+                workload,
+                make_policy(name, seed=seed),
+                workers=workers,
+                batch=batch,
+                step_model=step_model,
+                progress=lambda done, _total, task=task: bar.update(task, completed=done),
+            )
+            bar.update(task, completed=len(workload))
+            results[name] = result
+            summaries[name] = summarize(result)
+
+    report = replay_report(
+        trace=loaded.source,
+        workers=workers,
+        batch=batch,
+        requests=len(workload),
+        step_model=step_model,
+        summaries=summaries,
+    )
+    measured = {name: dict(report["policies"][name]) for name in names}
+    for name in names:
+        for key in ("sched_ms_p50", "sched_ms_p99"):
+            measured[name][key] = summaries[name][key]
+    _print_replay_tables(
+        measured, f"{loaded.source}: {len(workload):,} requests, G = {workers}, B = {batch}"
+    )
+
+    if not timing:
+        for metrics in report["policies"].values():
+            metrics["sched_ms_p50"] = metrics["sched_ms_p99"] = None
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+    if emit_events is not None:
+        first = names[0]
+        count = write_events(
+            emit_events, results[first], workload.prompt_keys, progress_every=progress_every
+        )
+        console.print(f"wrote {count:,} events of the {first} replay to {emit_events}")
+    if db is not None and not no_db:
+        from shadow import __version__
+        from shadow.storage import open_database
+
+        with open_database(db) as database:
+            steps = {}
+            for name, result in results.items():
+                series = per_step(result)
+                steps[name] = {
+                    "start_ms": result.step_start_ms,
+                    "duration_ms": result.step_duration_ms,
+                    "max_load": series["max"],
+                    "min_load": series["min"],
+                    "sum_load": series["sum"],
+                    "active": result.worker_active.sum(axis=1),
+                }
+            run_id = database.save_replay(
+                {
+                    "trace": loaded.source,
+                    "workers": workers,
+                    "batch": batch,
+                    "requests": len(workload),
+                    "a_ms_per_token": step_model.a_ms_per_token,
+                    "b_ms": step_model.b_ms,
+                    "seed": seed,
+                    "config_json": json.dumps(
+                        {
+                            "policies": names,
+                            "load": load,
+                            "rate_scale": rate_scale,
+                            "limit": limit,
+                            "output_min": output_min,
+                            "format": trace_format,
+                        },
+                        sort_keys=True,
+                    ),
+                    "tool_version": __version__,
+                },
+                summaries,
+                steps,
+                {name: r.worker_load for name, r in results.items()},
+                {name: r.worker_active for name, r in results.items()},
+            )
+        console.print(f"stored as run {run_id} in {db}")

@@ -1,0 +1,47 @@
+"""What the command modules share: the consoles, the error exit, the default database, the
+policy list, and the options several commands take with the same meaning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+DEFAULT_DB = Path("shadow.duckdb")
+ALL_POLICIES = "random,rr,jsq,p2c,ltl,vllm-dplb,br0,brh-survival,brh-exactmatch,brh-oracle"
+
+UrlOption = Annotated[
+    str | None, typer.Option(help="A running service (e.g. http://127.0.0.1:8321) instead of --db.")
+]
+DbOption = Annotated[Path, typer.Option(help="DuckDB file (when the service is stopped).")]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print an error the way every command does and return the exit to raise."""
+    err_console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+def _split(names: str) -> list[str]:
+    return [name.strip() for name in names.split(",") if name.strip()]
+
+
+def policy_names(policies: str) -> list[str]:
+    """The names of a `--policies` value, each one the registry knows (else a usage error
+    that lists the known ones)."""
+    from shadow.policies import POLICY_NAMES
+
+    names = _split(policies)
+    unknown = [name for name in names if name not in POLICY_NAMES]
+    if unknown or not names:
+        raise typer.BadParameter(
+            f"unknown policy {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(POLICY_NAMES)}",
+            param_hint="--policies",
+        )
+    return names
