@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from shadow.cli.shared import ALL_POLICIES, DEFAULT_DB, console, err_console, fail, policy_names
+
+if TYPE_CHECKING:
+    from shadow.replay.workload import StepModel, Workload
+    from shadow.workloads.traces import LoadResult
 
 
 def load_workload(
@@ -29,9 +33,12 @@ def load_workload(
     rate_scale: float | None,
     workers: int,
     batch: int,
-    step_model: object,
-):
-    from shadow.workloads.traces import TraceError, resolve_workload, retime
+    step_model: StepModel,
+) -> tuple[LoadResult, Workload]:
+    """The trace or preset as loaded, and the workload to replay (re-timed); a bad trace,
+    bad filters or nothing left to replay end the command with its error."""
+    from shadow.replay.run import EmptyWorkload, require_requests, retimed
+    from shadow.workloads.traces import TraceError, resolve_workload
 
     if load is not None and rate_scale is not None:
         raise typer.BadParameter("give --load or --rate-scale, not both", param_hint="--load")
@@ -48,18 +55,18 @@ def load_workload(
         raise fail(str(error)) from None
     except ValueError as error:
         raise fail(str(error), code=2) from None
-    workload = loaded.workload
-    if not len(workload):
-        raise fail(f"{trace}: no requests left to replay after filtering")
-    if load is not None or rate_scale is not None:
-        workload = retime(
-            workload,
-            rate_scale=rate_scale,
-            load=load,
-            workers=workers,
-            batch=batch,
-            step_model=step_model,
-        )
+    try:
+        workload = require_requests(loaded.workload, trace)
+    except EmptyWorkload as error:
+        raise fail(str(error)) from None
+    workload = retimed(
+        workload,
+        workers=workers,
+        batch=batch,
+        step_model=step_model,
+        load=load,
+        rate_scale=rate_scale,
+    )
     return loaded, workload
 
 
@@ -134,11 +141,9 @@ def replay(
     """Replay a trace or preset under each policy and compare them, as in the paper."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from shadow.analysis.metrics import per_step, summarize
     from shadow.analysis.report import replay_report
-    from shadow.policies import make_policy
-    from shadow.replay import replay as run_replay
     from shadow.replay.events import write_events
+    from shadow.replay.run import replay_policy
     from shadow.replay.workload import StepModel
 
     names = policy_names(policies)
@@ -166,8 +171,7 @@ def replay(
         f"step model T = {step_model.a_ms_per_token:g} ms/token x max L + {step_model.b_ms:g} ms"
     )
 
-    summaries: dict[str, dict[str, float]] = {}
-    results = {}
+    runs = {}
     columns = (
         "[progress.description]{task.description}",
         BarColumn(),
@@ -177,17 +181,17 @@ def replay(
     with Progress(*columns, console=console, transient=False) as bar:
         for name in names:
             task = bar.add_task(f"{name:15s}", total=len(workload))
-            result = run_replay(
+            runs[name] = replay_policy(
                 workload,
-                make_policy(name, seed=seed),
+                name,
                 workers=workers,
                 batch=batch,
                 step_model=step_model,
+                seed=seed,
                 progress=lambda done, _total, task=task: bar.update(task, completed=done),
             )
             bar.update(task, completed=len(workload))
-            results[name] = result
-            summaries[name] = summarize(result)
+    summaries = {name: run.metrics for name, run in runs.items()}
 
     report = replay_report(
         trace=loaded.source,
@@ -214,26 +218,17 @@ def replay(
     if emit_events is not None:
         first = names[0]
         count = write_events(
-            emit_events, results[first], workload.prompt_keys, progress_every=progress_every
+            emit_events, runs[first].result, workload.prompt_keys, progress_every=progress_every
         )
         console.print(f"wrote {count:,} events of the {first} replay to {emit_events}")
     if db is not None and not no_db:
         from shadow import __version__
+        from shadow.replay.run import store_runs
         from shadow.storage import open_database
 
         with open_database(db) as database:
-            steps = {}
-            for name, result in results.items():
-                series = per_step(result)
-                steps[name] = {
-                    "start_ms": result.step_start_ms,
-                    "duration_ms": result.step_duration_ms,
-                    "max_load": series["max"],
-                    "min_load": series["min"],
-                    "sum_load": series["sum"],
-                    "active": result.worker_active.sum(axis=1),
-                }
-            run_id = database.save_replay(
+            run_id = store_runs(
+                database,
                 {
                     "trace": loaded.source,
                     "workers": workers,
@@ -255,9 +250,6 @@ def replay(
                     ),
                     "tool_version": __version__,
                 },
-                summaries,
-                steps,
-                {name: r.worker_load for name, r in results.items()},
-                {name: r.worker_active for name, r in results.items()},
+                runs,
             )
         console.print(f"stored as run {run_id} in {db}")

@@ -9,11 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from shadow.policies import POLICY_NAMES
+
 console = Console()
 err_console = Console(stderr=True)
 
 DEFAULT_DB = Path("shadow.duckdb")
-ALL_POLICIES = "random,rr,jsq,p2c,ltl,vllm-dplb,br0,brh-survival,brh-exactmatch,brh-oracle"
+#: the default of every `--policies`: each policy the registry knows, in its order
+ALL_POLICIES = ",".join(POLICY_NAMES)
 
 UrlOption = Annotated[
     str | None, typer.Option(help="A running service (e.g. http://127.0.0.1:8321) instead of --db.")
@@ -34,8 +37,6 @@ def _split(names: str) -> list[str]:
 def policy_names(policies: str) -> list[str]:
     """The names of a `--policies` value, each one the registry knows (else a usage error
     that lists the known ones)."""
-    from shadow.policies import POLICY_NAMES
-
     names = _split(policies)
     unknown = [name for name in names if name not in POLICY_NAMES]
     if unknown or not names:
