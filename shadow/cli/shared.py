@@ -25,8 +25,10 @@ DbOption = Annotated[Path, typer.Option(help="DuckDB file (when the service is s
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print an error the way every command does and return the exit to raise."""
-    err_console.print(f"[red]error:[/red] {message}")
+    """Print an error the way every command does and return the exit to raise. Never
+    wrapped: a terminal wraps long lines itself, and a CI log or a pipe must get the
+    sentence whole (Rich would cut it at 80 columns there)."""
+    err_console.print(f"[red]error:[/red] {message}", soft_wrap=True)
     return typer.Exit(code)
 
 
