@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from shadow import dashboards
 from shadow.cli import app
+from shadow.dashboards import provisioning
 from tests.service_helpers import ThreadedServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -544,9 +545,9 @@ def test_a_refused_connection_is_a_clear_error():
 
 
 def test_a_path_prefix_reaches_grafanas_api():
-    api = dashboards._grafana_api("https://example.org/grafana", TOKEN)
+    api = provisioning._grafana_api("https://example.org/grafana", TOKEN)
     assert api.client.url == "https://example.org/grafana/api"
-    assert dashboards._grafana_api("http://g:3000/", TOKEN).client.url == "http://g:3000/api"
+    assert provisioning._grafana_api("http://g:3000/", TOKEN).client.url == "http://g:3000/api"
 
 
 def test_the_cli_provisions_and_reports_errors(grafana):

@@ -2,15 +2,10 @@
 
 The demo and the end-to-end tests need a fleet that speaks vLLM's wire format (OpenAI
 completions and chat, SSE streaming, vLLM-named Prometheus metrics) and steps the way the
-replay engine assumes (BALANCEROUTE.md, "The setting"), so that what the shadow service
-observes can be checked against what it predicts:
-
-- each worker runs at most `batch` requests and queues the rest FIFO;
-- ONE loop steps the whole fleet behind a barrier: before a step, waiting requests are
-  admitted into free slots; the step takes `T = step_model.step_ms(max_g L_g) / time_scale`
-  with `L_g = sum over running (prompt_tokens + generated)`; then every running request
-  generates one token, and those that reached `max_tokens` finish and free their slots;
-- after each step every live worker reports an `engine_step` event to the optional sink.
+replay engine assumes, so that what the shadow service observes can be checked against
+what it predicts. The stepping itself is `shadow.world.engine_model`; this module serves
+it: one uvicorn server per worker, its requests submitted to the model and streamed token
+by token as the model steps them.
 
 Outputs are always exactly `max_tokens` tokens (" tok0", " tok1", ...; finish_reason
 "length"), as with `ignore_eos`. The HTTP layer is a bare ASGI app (no framework) because
@@ -27,16 +22,24 @@ import logging
 import socket
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from shadow.replay.workload import StepModel
+from shadow.world.engine_model import (
+    CANCELLED,
+    DONE,
+    DROPPED,
+    EngineRequest,
+    EngineWorker,
+    EventSink,
+    SteppingFleet,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,6 @@ Send = Callable[[Message], Awaitable[None]]
 DEFAULT_MAX_TOKENS = 16
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_DIGESTS = 200_000  # oldest digests are forgotten past this (a demo runs for hours)
-MAX_LAG_S = 0.0008  # the most a step is shortened to make up for late timer wake-ups
 # vLLM's buckets for inter-token latency.
 ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -56,16 +58,9 @@ ITL_BUCKETS = (
 )  # fmt: skip
 FINISHED_REASONS = ("stop", "length", "abort")
 
-_WAITING, _RUNNING, _DONE, _CANCELLED, _DROPPED = range(5)
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _DONE_LINE = b"data: [DONE]\n\n"
-
-
-class EventSink(Protocol):
-    """What the fleet needs of a sink (`shadow.connectors.sink.HttpEventSink` is one)."""
-
-    def put(self, event: dict[str, Any]) -> None: ...
 
 
 def _dumps(value: Any) -> bytes:
@@ -75,31 +70,6 @@ def _dumps(value: Any) -> bytes:
 
 class _BadRequest(Exception):
     pass
-
-
-@dataclass(eq=False)
-class _Request:
-    """One request on one worker; the decode loop advances it, its handler streams it."""
-
-    key: str
-    prompt_tokens: int
-    max_tokens: int
-    worker: int
-    generated: int = 0
-    state: int = _WAITING
-    waiter: asyncio.Future[None] | None = None
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait(self) -> None:
-        """Sleep until the decode loop (or a cancel or kill) changes this request."""
-        self.waiter = asyncio.get_running_loop().create_future()
-        await self.waiter
 
 
 class QuietServer(uvicorn.Server):
@@ -113,7 +83,7 @@ class QuietServer(uvicorn.Server):
 
 @dataclass
 class _Metrics:
-    """One worker's vLLM-named metrics, in its own registry."""
+    """One worker's vLLM-named metrics, in its own registry; the stepping model's meter."""
 
     registry: CollectorRegistry
     running: Gauge
@@ -162,23 +132,33 @@ class _Metrics:
             itl=itl.labels(*labels),
         )
 
+    def admitted(self, prompt_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+
+    def stepped(self, produced: int, finished: int, itl_samples: int, duration_s: float) -> None:
+        if produced:
+            self.generation_tokens.inc(produced)
+        if finished:
+            self.success["length"].inc(finished)
+        observe = self.itl.observe
+        for _ in range(itl_samples):
+            observe(duration_s)
+
+    def aborted(self) -> None:
+        self.success["abort"].inc()
+
 
 @dataclass(eq=False)
-class _Worker:
-    index: int
-    running: dict[_Request, None] = field(default_factory=dict)  # insertion-ordered set
-    waiting: deque[_Request] = field(default_factory=deque)
-    alive: bool = True
-    server: QuietServer | None = None
-    task: asyncio.Task[None] | None = None
-    url: str = ""
-    metrics: _Metrics | None = None
+class _WorkerServer:
+    """The HTTP side of one worker: its uvicorn server, address and metrics."""
 
-    def load(self) -> int:
-        return sum(r.prompt_tokens + r.generated for r in self.running)
+    server: QuietServer
+    task: asyncio.Task[None]
+    url: str
+    metrics: _Metrics
 
 
-class EmulatedFleet:
+class EmulatedFleet(SteppingFleet):
     """`workers` emulated decode workers behind one barrier, each its own HTTP server.
 
     `start()` / `stop()` inside a running event loop; `worker_urls[g]` is worker `str(g)`.
@@ -200,43 +180,27 @@ class EmulatedFleet:
         sink: EventSink | None = None,
         kv_capacity_tokens: int = 2_000_000,
     ) -> None:
-        if workers < 1 or batch < 1:
-            raise ValueError("an emulated fleet needs workers >= 1 and batch >= 1")
-        if time_scale <= 0:
-            raise ValueError("time_scale must be > 0")
+        super().__init__(workers, batch, step_model=step_model, time_scale=time_scale, sink=sink)
         if kv_capacity_tokens < 1:
             raise ValueError("kv_capacity_tokens must be >= 1")
-        self.batch = batch
-        self.step_model = step_model or StepModel()
-        self.time_scale = time_scale
         self.model_name = model_name
         self.host = host
-        self.sink = sink
         self.kv_capacity_tokens = kv_capacity_tokens
         self.worker_urls: list[str] = []
         self.sent_digests: dict[str, str] = {}
-        self.cancelled = 0  # requests whose client went away before they finished
-        self.completed = 0
-        self.steps = 0
-        self._workers = [_Worker(g) for g in range(workers)]
-        self._arrival: asyncio.Event | None = None
+        self._servers: list[_WorkerServer] = []
         self._loop_task: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
-        self._lag_s = 0.0  # how late sleeps wake up, subtracted from the next sleep
 
     # ----------------------------------------------------------------- lifecycle
-
-    @property
-    def workers(self) -> int:
-        return len(self._workers)
 
     async def start(self) -> None:
         """Start one uvicorn server per worker (free loopback ports) and the decode loop."""
         if self._loop_task is not None:
             raise RuntimeError("emulated fleet already started")
-        self._arrival = asyncio.Event()
         for worker in self._workers:
-            worker.metrics = _Metrics.create(self.model_name, str(worker.index))
+            metrics = _Metrics.create(self.model_name, str(worker.index))
+            worker.meter = metrics
             sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, 0))
@@ -244,7 +208,7 @@ class EmulatedFleet:
             sock.setblocking(False)
             port = sock.getsockname()[1]
             config = uvicorn.Config(
-                _WorkerApp(self, worker),
+                _WorkerApp(self, worker, metrics),
                 host=self.host,
                 port=port,
                 log_level="warning",
@@ -255,19 +219,18 @@ class EmulatedFleet:
                 backlog=2048,
                 timeout_keep_alive=60,
             )
-            worker.server = QuietServer(config)
-            worker.task = asyncio.create_task(worker.server.serve(sockets=[sock]))
+            server = QuietServer(config)
+            task = asyncio.create_task(server.serve(sockets=[sock]))
             host = f"[{self.host}]" if ":" in self.host else self.host
-            worker.url = f"http://{host}:{port}"
-        for worker in self._workers:
-            assert worker.server is not None and worker.task is not None
-            while not worker.server.started:
-                if worker.task.done():
-                    worker.task.result()  # raises the startup error
-                    raise RuntimeError(f"emulated worker {worker.index} did not start")
+            self._servers.append(_WorkerServer(server, task, f"http://{host}:{port}", metrics))
+        for index, served in enumerate(self._servers):
+            while not served.server.started:
+                if served.task.done():
+                    served.task.result()  # raises the startup error
+                    raise RuntimeError(f"emulated worker {index} did not start")
                 await asyncio.sleep(0.002)
-        self.worker_urls = [w.url for w in self._workers]
-        self._loop_task = asyncio.create_task(self._decode_loop(), name="emulated-decode-loop")
+        self.worker_urls = [s.url for s in self._servers]
+        self._loop_task = asyncio.create_task(self.run(), name="emulated-decode-loop")
 
     async def stop(self) -> None:
         """Stop the decode loop and every server; streams still open are cut off."""
@@ -278,7 +241,7 @@ class EmulatedFleet:
         for worker in self._workers:
             if worker.alive:
                 self.kill_worker(worker.index)
-        tasks = [w.task for w in self._workers if w.task is not None]
+        tasks = [s.task for s in self._servers]
         if self._handlers:
             await asyncio.wait(list(self._handlers), timeout=2.0)
         if tasks:
@@ -292,12 +255,10 @@ class EmulatedFleet:
     def kill_worker(self, g: int) -> None:
         """Crash worker `g`: cut its connections mid-stream, drop its requests, stop
         stepping it. The rest of the fleet goes on."""
-        worker = self._workers[g]
-        if not worker.alive:
+        if not self._workers[g].alive:
             return
-        worker.alive = False
-        server = worker.server
-        if server is not None:
+        if g < len(self._servers):
+            server = self._servers[g].server
             for listener in getattr(server, "servers", []):
                 listener.close()
             for connection in list(server.server_state.connections):
@@ -306,50 +267,9 @@ class EmulatedFleet:
                     transport.abort()  # RST: the client sees a broken stream
             server.should_exit = True
             server.force_exit = True
-        dropped = [*worker.running, *worker.waiting]
-        worker.running.clear()
-        worker.waiting.clear()
-        for request in dropped:
-            request.state = _DROPPED
-            request.wake()
+        self.crash(g)
 
-    # ----------------------------------------------------------------- accessors
-
-    def running(self, g: int) -> int:
-        return len(self._workers[g].running)
-
-    def waiting(self, g: int) -> int:
-        return len(self._workers[g].waiting)
-
-    def alive(self, g: int) -> bool:
-        return self._workers[g].alive
-
-    def load(self, g: int) -> int:
-        """`L_g` now: KV tokens of worker g's running requests."""
-        return self._workers[g].load()
-
-    # ----------------------------------------------------------------- requests
-
-    def _submit(self, request: _Request) -> None:
-        self._workers[request.worker].waiting.append(request)
-        assert self._arrival is not None
-        self._arrival.set()
-
-    def _release(self, request: _Request) -> None:
-        """The handler is done with `request`; if it had not finished, the client left."""
-        if request.state not in (_WAITING, _RUNNING):
-            return
-        worker = self._workers[request.worker]
-        if request.state == _RUNNING:
-            worker.running.pop(request, None)
-        else:
-            with contextlib.suppress(ValueError):
-                worker.waiting.remove(request)
-        request.state = _CANCELLED
-        request.wake()
-        self.cancelled += 1
-        if worker.metrics is not None:
-            worker.metrics.success["abort"].inc()
+    # ----------------------------------------------------------------- responses
 
     def _record_digest(self, key: str, digest: str) -> None:
         self.sent_digests.pop(key, None)
@@ -357,113 +277,7 @@ class EmulatedFleet:
         if len(self.sent_digests) > MAX_DIGESTS:
             del self.sent_digests[next(iter(self.sent_digests))]
 
-    # ----------------------------------------------------------------- decode loop
-
-    async def _decode_loop(self) -> None:
-        """Barrier-synchronised steps of the whole fleet (the replay engine's semantics)."""
-        assert self._arrival is not None
-        arrival = self._arrival
-        workers = self._workers
-        batch = self.batch
-        clock = time.perf_counter
-        try:
-            while True:
-                live = [w for w in workers if w.alive]
-                for worker in live:
-                    running, waiting = worker.running, worker.waiting
-                    metrics = worker.metrics
-                    while waiting and len(running) < batch:
-                        request = waiting.popleft()
-                        request.state = _RUNNING
-                        running[request] = None
-                        if metrics is not None:
-                            metrics.prompt_tokens.inc(request.prompt_tokens)
-                if not any(w.running for w in live):
-                    arrival.clear()
-                    if not any(w.waiting for w in live):
-                        await arrival.wait()
-                    continue
-                loads = [w.load() for w in live]
-                counts = [len(w.running) for w in live]
-                queued = [len(w.waiting) for w in live]
-                target_s = self.step_model.step_ms(max(loads)) / self.time_scale / 1000.0
-                start = clock()
-                planned = max(0.0, target_s - self._lag_s)
-                await asyncio.sleep(planned)
-                end = clock()
-                duration_s = end - start
-                # The event loop's timers wake up to 1 ms late (epoll's resolution): learn the
-                # mean lateness and sleep that much less, but never more than MAX_LAG_S, so a
-                # busy spell does not teach it to cut later steps short.
-                late = min(MAX_LAG_S, max(0.0, duration_s - planned))
-                self._lag_s = min(0.5 * target_s, 0.9 * self._lag_s + 0.1 * late)
-                self._finish_step(live, loads, counts, queued, duration_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("emulated decode loop failed")
-            raise
-
-    def _finish_step(
-        self,
-        live: list[_Worker],
-        loads: list[int],
-        counts: list[int],
-        queued: list[int],
-        duration_s: float,
-    ) -> None:
-        """Every running request of a live worker gets one token; finished ones leave."""
-        step = self.steps
-        self.steps += 1
-        now = time.time()
-        duration_ms = duration_s * 1000.0
-        sink = self.sink
-        for worker, load, count, waiting in zip(live, loads, counts, queued, strict=True):
-            if not worker.alive:  # killed during the step
-                continue
-            metrics = worker.metrics
-            finished: list[_Request] = []
-            produced = 0
-            itl_samples = 0
-            for request in worker.running:
-                if request.generated:
-                    itl_samples += 1
-                request.generated += 1
-                produced += 1
-                if request.generated >= request.max_tokens:
-                    request.state = _DONE
-                    finished.append(request)
-                request.wake()
-            for request in finished:
-                del worker.running[request]
-            self.completed += len(finished)
-            if metrics is not None:
-                if produced:
-                    metrics.generation_tokens.inc(produced)
-                if finished:
-                    metrics.success["length"].inc(len(finished))
-                observe = metrics.itl.observe
-                for _ in range(itl_samples):
-                    observe(duration_s)
-            if sink is not None:
-                sink.put(
-                    {
-                        "type": "engine_step",
-                        "ts": now,
-                        "worker": str(worker.index),
-                        "step": step,
-                        "duration_ms": duration_ms,
-                        "running": count,
-                        "kv_tokens": load,
-                        "waiting": waiting,
-                    }
-                )
-
-    # ----------------------------------------------------------------- metrics
-
-    def _metrics_text(self, worker: _Worker) -> bytes:
-        metrics = worker.metrics
-        assert metrics is not None
+    def _metrics_text(self, worker: EngineWorker, metrics: _Metrics) -> bytes:
         metrics.running.set(len(worker.running))
         metrics.waiting.set(len(worker.waiting))
         metrics.kv_usage.set(min(1.0, worker.load() / self.kv_capacity_tokens))
@@ -531,9 +345,10 @@ def _error_body(status: int, kind: str, message: str) -> bytes:
 class _WorkerApp:
     """The ASGI app of one worker: vLLM's OpenAI-compatible subset, /metrics, /health."""
 
-    def __init__(self, fleet: EmulatedFleet, worker: _Worker) -> None:
+    def __init__(self, fleet: EmulatedFleet, worker: EngineWorker, metrics: _Metrics) -> None:
         self.fleet = fleet
         self.worker = worker
+        self.metrics = metrics
         self.model_json = _dumps(fleet.model_name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -552,7 +367,7 @@ class _WorkerApp:
             finally:
                 self.fleet._handlers.discard(task)
         elif path == "/metrics" and method == "GET":
-            body = self.fleet._metrics_text(self.worker)
+            body = self.fleet._metrics_text(self.worker, self.metrics)
             await self._respond(send, 200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
         elif path == "/health" and method == "GET":
             await self._respond(send, 200, b"", [])
@@ -629,8 +444,8 @@ class _WorkerApp:
             await self._respond(send, 503, _error_body(503, "ServiceUnavailable", "worker down"))
             return
 
-        request = _Request(key, prompt_tokens, max_tokens, self.worker.index)
-        fleet._submit(request)
+        request = EngineRequest(key, prompt_tokens, max_tokens, self.worker.index)
+        fleet.submit(request)
         watcher = asyncio.create_task(self._watch_disconnect(receive, request))
         try:
             if stream:
@@ -642,21 +457,21 @@ class _WorkerApp:
                 await self._unary(send, request, response_id, chat, digest, reply_headers)
         finally:
             watcher.cancel()
-            fleet._release(request)
+            fleet.release(request)
             fleet._record_digest(key, digest.hexdigest())
 
-    async def _watch_disconnect(self, receive: Receive, request: _Request) -> None:
+    async def _watch_disconnect(self, receive: Receive, request: EngineRequest) -> None:
         """The client hung up: stop generating and free the slot at once."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 break
-        self.fleet._release(request)
+        self.fleet.release(request)
 
     async def _stream(
         self,
         send: Send,
-        request: _Request,
+        request: EngineRequest,
         response_id: str,
         chat: bool,
         include_usage: bool,
@@ -700,9 +515,9 @@ class _WorkerApp:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
                 continue
             state = request.state
-            if state == _DONE:
+            if state == DONE:
                 break
-            if state in (_CANCELLED, _DROPPED):
+            if state in (CANCELLED, DROPPED):
                 return  # the client left or the worker died: no end of stream
             await request.wait()
         tail = _DONE_LINE
@@ -726,16 +541,16 @@ class _WorkerApp:
     async def _unary(
         self,
         send: Send,
-        request: _Request,
+        request: EngineRequest,
         response_id: str,
         chat: bool,
         digest: Any,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
         """Non-streaming: the request still decodes step by step; answer when it is done."""
-        while request.state not in (_DONE, _CANCELLED, _DROPPED):
+        while request.state not in (DONE, CANCELLED, DROPPED):
             await request.wait()
-        if request.state != _DONE:
+        if request.state != DONE:
             return
         text = "".join(f" tok{i}" for i in range(request.generated))
         usage = {

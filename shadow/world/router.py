@@ -25,6 +25,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from shadow.connectors.sink import HttpEventSink
+from shadow.events import FinishEvent, ReadyEvent
+from shadow.world.event_wire import sink_fields
 from shadow.world.tap import HOP_BY_HOP, prompt_hash_of, prompt_tokens_of, proxy_client
 
 POLICIES = ("jsq", "rr")
@@ -124,10 +126,13 @@ class Router:
                 parsed = json.loads(body) if body else {}
             except ValueError:
                 parsed = {}
-            self.sink.put(
-                {"type": "ready", "ts": time.time(), "request_id": request_id,
-                 "prompt_tokens": prompt_tokens_of(parsed), "prompt_hash": prompt_hash_of(parsed)}
-            )  # fmt: skip
+            ready = ReadyEvent(
+                ts=time.time(),
+                request_id=request_id,
+                prompt_tokens=prompt_tokens_of(parsed),
+                prompt_hash=prompt_hash_of(parsed),
+            )
+            self.sink.put(sink_fields(ready))
         view = {w: {"running": n} for w, n in self.in_flight.items()}
         worker = self._take() if not self._pool else None
         if worker is None:  # wait in the ready pool for a free slot
@@ -139,10 +144,10 @@ class Router:
                 if waiter.done() and not waiter.cancelled():
                     self._release(waiter.result())
                 if self.sink is not None:
-                    self.sink.put(
-                        {"type": "finish", "ts": time.time(), "request_id": request_id,
-                         "output_tokens": 0, "reason": "cancelled"}
-                    )  # fmt: skip
+                    cancelled = FinishEvent(
+                        ts=time.time(), request_id=request_id, output_tokens=0, reason="cancelled"
+                    )
+                    self.sink.put(sink_fields(cancelled))
                 raise
             view = {w: {"running": n - (w == worker)} for w, n in self.in_flight.items()}
         headers["x-router-view"] = json.dumps(view, separators=(",", ":"))

@@ -20,12 +20,22 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import httpx
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from shadow.connectors.sink import HttpEventSink
+from shadow.events import (
+    DispatchEvent,
+    FinishEvent,
+    ProgressEvent,
+    ReadyEvent,
+    RouterView,
+    WorkerEvent,
+)
+from shadow.world.event_wire import sink_fields
 
 #: Headers a proxy must not forward (RFC 9110 connection-specific ones, and length,
 #: which the server recomputes for a streamed body).
@@ -154,9 +164,7 @@ class Tap:
             self._client = proxy_client()
         now = time.time()
         for worker in self.workers:
-            self.sink.put(
-                {"type": "worker", "ts": now, "worker": worker, "capacity": self.capacity}
-            )
+            self.sink.put(sink_fields(WorkerEvent(ts=now, worker=worker, capacity=self.capacity)))
 
     async def _shutdown(self) -> None:
         if self._client is not None:
@@ -165,10 +173,8 @@ class Tap:
     def _worker_down(self, worker: str) -> None:
         if worker not in self.down:
             self.down.add(worker)
-            self.sink.put(
-                {"type": "worker", "ts": time.time(), "worker": worker,
-                 "capacity": self.capacity, "state": "down"}
-            )  # fmt: skip
+            event = WorkerEvent(ts=time.time(), worker=worker, capacity=self.capacity, state="down")
+            self.sink.put(sink_fields(event))
 
     async def forward(self, request: Request) -> Response:
         worker = request.path_params["worker"]
@@ -218,24 +224,36 @@ class Tap:
             parsed = {}
         now = time.time()
         if self.emit_ready:
-            self.sink.put(
-                {"type": "ready", "ts": now, "request_id": request_id,
-                 "prompt_tokens": prompt_tokens_of(parsed),
-                 "prompt_hash": prompt_hash_of(parsed)}
-            )  # fmt: skip
-        dispatch = {"type": "dispatch", "ts": now, "request_id": request_id, "worker": worker,
-                    "policy": headers.get("x-router-policy") or self.policy}  # fmt: skip
+            ready = ReadyEvent(
+                ts=now,
+                request_id=request_id,
+                prompt_tokens=prompt_tokens_of(parsed),
+                prompt_hash=prompt_hash_of(parsed),
+            )
+            self.sink.put(sink_fields(ready))
+        router_view = None
         view = headers.get("x-router-view")
         if view:
-            with contextlib.suppress(ValueError):
-                dispatch["router_view"] = json.loads(view)
-        self.sink.put(dispatch)
+            with contextlib.suppress(msgspec.MsgspecError):  # a view that is not one: left out
+                router_view = msgspec.json.decode(view, type=dict[str, RouterView])
+        dispatch = DispatchEvent(
+            ts=now,
+            request_id=request_id,
+            worker=worker,
+            policy=headers.get("x-router-policy") or self.policy,
+            router_view=router_view,
+        )
+        self.sink.put(sink_fields(dispatch))
 
     def _finish(self, request_id: str, tokens: int, reason: str) -> None:
-        self.sink.put(
-            {"type": "finish", "ts": time.time(), "request_id": request_id,
-             "output_tokens": tokens, "reason": reason}
-        )  # fmt: skip
+        event = FinishEvent(
+            ts=time.time(), request_id=request_id, output_tokens=tokens, reason=reason
+        )
+        self.sink.put(sink_fields(event))
+
+    def _progress(self, request_id: str, generated: int) -> None:
+        event = ProgressEvent(ts=time.time(), request_id=request_id, generated=generated)
+        self.sink.put(sink_fields(event))
 
     async def _relay(
         self, worker: str, request_id: str, upstream: httpx.Response
@@ -252,10 +270,7 @@ class Tap:
                 now = time.monotonic()
                 if stream.tokens > reported and now - last_report >= self.progress_interval_s:
                     reported, last_report = stream.tokens, now
-                    self.sink.put(
-                        {"type": "progress", "ts": time.time(), "request_id": request_id,
-                         "generated": reported}
-                    )  # fmt: skip
+                    self._progress(request_id, reported)
             if stream.done or stream.finish_reason:
                 reason = stream.finish_reason or "stop"
             elif upstream.status_code == 200:
@@ -269,8 +284,5 @@ class Tap:
             with contextlib.suppress(Exception):
                 await upstream.aclose()
             if stream.tokens > reported:
-                self.sink.put(
-                    {"type": "progress", "ts": time.time(), "request_id": request_id,
-                     "generated": stream.tokens}
-                )  # fmt: skip
+                self._progress(request_id, stream.tokens)
             self._finish(request_id, stream.output_tokens, reason)
