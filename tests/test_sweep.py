@@ -334,7 +334,8 @@ def test_heatmap_means_over_seeds_and_fills_ignored_axes():
 
 
 def test_heatmap_api(tmp_path):
-    from shadow.service.http.sweeps import register
+    from shadow.service.http import sweeps
+    from shadow.service.http.state import service_store
     from shadow.service.store import ServiceStore
 
     db = tmp_path / "s.duckdb"
@@ -343,14 +344,9 @@ def test_heatmap_api(tmp_path):
         run_sweep(plan, database, SerialExecutor())
     store = ServiceStore(db)
     try:
-
-        class Runtime:
-            pass
-
-        runtime = Runtime()
-        runtime.store = store  # type: ignore[attr-defined]
         api = FastAPI()
-        register(api, lambda: runtime)  # type: ignore[arg-type, return-value]
+        api.include_router(sweeps.router)
+        api.dependency_overrides[service_store] = lambda: store
         client = TestClient(api)
         listed = client.get("/v1/sweeps").json()["items"]
         assert [(s["name"], s["trace"], s["cells"]) for s in listed] == [

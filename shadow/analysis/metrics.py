@@ -31,6 +31,9 @@ METRICS = (
     "makespan_s",
     "output_tokens",
 )
+"""Every metric of one replay, in the order of the replay JSON and the report."""
+COUNT_METRICS = ("steps", "output_tokens")
+"""The metrics that are counts (integers); every other one is a float."""
 
 
 def _percentile(values: np.ndarray, q: float) -> float:

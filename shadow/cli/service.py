@@ -67,7 +67,9 @@ def serve(
             f"{url}/v1/demo"
         )
     console.print("  Ctrl-C stops everything")
-    service = create_app(settings)
+    from shadow.world.demo_companion import DemoCompanion
+
+    service = create_app(settings, DemoCompanion.from_settings(settings) if demo else None)
     tune_interpreter()
     uvicorn.run(service, host=settings.host, port=settings.port, log_level="warning")
 

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from shadow.gate.evidence import Evidence, WindowPair
+from shadow.gate.source import EvidenceSource
 from shadow.policies import NO_KEY, prompt_key_id
 from shadow.predict import ExactMatchPredictor, SurvivalPredictor, calibrate
-from shadow.service.store import ServiceStore
+from shadow.storage.queries import time_range
 from shadow.stream.windows import AA
 
 PREDICTED = {"brh-survival": SurvivalPredictor, "brh-exactmatch": ExactMatchPredictor}
@@ -25,14 +26,9 @@ WINDOW_FIELDS = ("imbalance_mean", "throughput_tok_s", "tpot_p95_ms", "gap_mean"
 
 
 def _range(column: str, since: float | None, until: float | None) -> tuple[str, dict]:
-    clauses, params = [], {}
-    if since is not None:
-        clauses.append(f"{column} >= :since")
-        params["since"] = since
-    if until is not None:
-        clauses.append(f"{column} < :until")
-        params["until"] = until
-    return "".join(f" AND {c}" for c in clauses), params
+    """The shared time-range filter as a suffix of a `WHERE` (each condition after AND)."""
+    conditions, params = time_range(column, since, until)
+    return "".join(f" AND {c}" for c in conditions), params
 
 
 def _metrics(row: dict[str, Any] | None) -> dict[str, float] | None:
@@ -42,7 +38,7 @@ def _metrics(row: dict[str, Any] | None) -> dict[str, float] | None:
 
 
 def collect_evidence(
-    store: ServiceStore,
+    store: EvidenceSource,
     *,
     fleet: str,
     candidate: str,
@@ -141,7 +137,7 @@ def collect_evidence(
 
 
 def _calibration(
-    store: ServiceStore,
+    store: EvidenceSource,
     fleet: str,
     candidate: str,
     since: float | None,
@@ -175,7 +171,7 @@ def _calibration(
 
 
 def _disagreements(
-    store: ServiceStore, fleet: str, candidate: str, clause: str, params: dict, limit: int
+    store: EvidenceSource, fleet: str, candidate: str, clause: str, params: dict, limit: int
 ) -> list[dict[str, Any]]:
     """The candidate's disagreements that would have changed the gap the most."""
     rows = store.query(

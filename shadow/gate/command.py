@@ -63,10 +63,10 @@ def gate_command(
     if not db.exists():
         err_console.print(f"[red]ERROR[/red]: evidence missing: database {db} does not exist")
         return ERROR_EXIT
-    from shadow.service.store import ServiceStore
+    from shadow.gate.source import open_evidence
 
     try:
-        store = ServiceStore(db)
+        store = open_evidence(db)
     except duckdb.Error as error:
         err_console.print(f"[red]ERROR[/red]: evidence unreadable: {db}: {error}")
         return ERROR_EXIT

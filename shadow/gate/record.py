@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from shadow.gate.source import EvidenceSource
 from shadow.modes import auditlog
 from shadow.modes.machine import ModeStore, note_gate_verdict
-from shadow.service.store import ServiceStore
 
 
-def record_gate_run(store: ServiceStore, report: dict[str, Any], *, dry_run: bool) -> int:
+def record_gate_run(store: EvidenceSource, report: dict[str, Any], *, dry_run: bool) -> int:
     now = time.time()
     fleet = report["evidence"]["fleet"]
     with store.engine.begin() as conn:

@@ -25,6 +25,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from shadow.storage import open_database
+from shadow.storage.database import duck_connection
 from shadow.stream.audit import Decision
 from shadow.stream.invariants import Violation
 from shadow.stream.trajectory import FIELDS as TRAJECTORY_FIELDS
@@ -121,10 +122,6 @@ class EventBatch:
         return len(self.lifecycle) + len(self.steps) + len(self.progress) + len(self.samples)
 
 
-def _duck(conn: Connection) -> duckdb.DuckDBPyConnection:
-    return conn.connection.driver_connection  # type: ignore[return-value]
-
-
 def _arrow_schema(conn: Connection, table: str, columns: Sequence[str]) -> pa.Schema:
     """The Arrow types of `table`'s `columns`, read from the database once per process.
 
@@ -135,7 +132,7 @@ def _arrow_schema(conn: Connection, table: str, columns: Sequence[str]) -> pa.Sc
     schema = _schemas.get(key)
     if schema is None:
         query = f"SELECT {', '.join(columns)} FROM {table} LIMIT 0"
-        schema = _schemas[key] = _duck(conn).sql(query).to_arrow_table().schema
+        schema = _schemas[key] = duck_connection(conn).sql(query).to_arrow_table().schema
     return schema
 
 
@@ -189,7 +186,8 @@ def _execute_staged(
     present = [insert for insert in staged if insert is not None]
     sql = ";\n".join([*(insert.sql for insert in present), *statements])
     if sql:
-        _run_scanning(_duck(conn), sql, **{insert.name: insert.rows for insert in present})
+        rows = {insert.name: insert.rows for insert in present}
+        _run_scanning(duck_connection(conn), sql, **rows)
 
 
 def _run_scanning(
@@ -320,7 +318,7 @@ class ServiceStore:
         DuckDB's upsert, which deletes and re-inserts indexed rows), and an upsert only
         for new names (a new source)."""
         if self._state_names is None:
-            names = _duck(conn).execute("SELECT name FROM ingest_state").fetchall()
+            names = duck_connection(conn).execute("SELECT name FROM ingest_state").fetchall()
             self._state_names = {name for (name,) in names}
         known = [(name, int(value)) for name, value in counters if name in self._state_names]
         new = [(name, int(value)) for name, value in counters if name not in self._state_names]
@@ -339,7 +337,7 @@ class ServiceStore:
         """Fold the progress log into `progress_latest` (one row per request, never
         lowered) and empty it, in one transaction; returns the log rows folded."""
         with self._writing() as conn:
-            duck = _duck(conn)
+            duck = duck_connection(conn)
             rows = duck.execute("SELECT count(*) FROM progress_log").fetchone()[0]
             if rows:
                 duck.execute(_FOLD_PROGRESS)
@@ -432,7 +430,7 @@ class ServiceStore:
         """A query's result as numpy columns (DuckDB's native fetch, no Python rows): for
         reads of thousands of rows. Parameters are `$name` placeholders."""
         with self.engine.connect() as conn:
-            return _duck(conn).execute(sql, params or {}).fetchnumpy()
+            return duck_connection(conn).execute(sql, params or {}).fetchnumpy()
 
     def memory_bytes(self) -> dict[str, int]:
         """DuckDB's memory by tag (`duckdb_memory()`: table blocks, indexes, ...): what
@@ -460,7 +458,7 @@ class ServiceStore:
         }
         streams = []
         with self.engine.connect() as conn:
-            duck = _duck(conn)
+            duck = duck_connection(conn)
             for table, sql in queries.items():
                 cursor = duck.execute(sql)
                 names = [d[0] for d in cursor.description]

@@ -108,7 +108,7 @@ def upgrade(path: str | Path) -> str:
     return revision
 
 
-def _duck(conn: Connection) -> duckdb.DuckDBPyConnection:
+def duck_connection(conn: Connection) -> duckdb.DuckDBPyConnection:
     """The DuckDB connection under a SQLAlchemy connection (same transaction).
 
     duckdb_engine's ConnectionWrapper forwards unknown attributes (``execute``,
@@ -289,7 +289,7 @@ class Database:
                 conn.execute(
                     insert(ReplayPolicySummary), [{"run_id": run_id, **r} for r in summary_rows]
                 )
-            duck = _duck(conn)
+            duck = duck_connection(conn)
             # Arrow tables are built per policy inside the transaction: a bad array
             # raises here and the rollback removes everything written so far.
             for policy, series in steps.items():
@@ -323,7 +323,7 @@ class Database:
         """The per-step series of one policy, keyed like ``save_replay``'s ``steps``."""
         with self.engine.connect() as conn:
             got = (
-                _duck(conn)
+                duck_connection(conn)
                 .execute(
                     f"SELECT {', '.join(STEP_SERIES)} FROM replay_steps "
                     "WHERE run_id = ? AND policy = ? ORDER BY step",
@@ -339,7 +339,7 @@ class Database:
         """``(loads, active)`` as [steps, workers] arrays, or None if none were saved."""
         with self.engine.connect() as conn:
             got = (
-                _duck(conn)
+                duck_connection(conn)
                 .execute(
                     "SELECT step, worker, load, active FROM replay_worker_loads "
                     "WHERE run_id = ? AND policy = ? ORDER BY step, worker",

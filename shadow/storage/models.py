@@ -24,25 +24,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from shadow.analysis.metrics import COUNT_METRICS
+from shadow.analysis.metrics import METRICS as SUMMARY_METRICS
+
 RUN_ID_SEQUENCE = Sequence("replay_runs_id_seq")
 """DuckDB has no SERIAL; run ids come from this sequence (``nextval`` in the INSERT)."""
 
-FLOAT_METRICS: tuple[str, ...] = (
-    "imbalance_mean",
-    "gap_mean",
-    "idle_frac",
-    "throughput_tok_s",
-    "tpot_p50_ms",
-    "tpot_p95_ms",
-    "tpot_p99_ms",
-    "pool_wait_p95_ms",
-    "sched_ms_p50",
-    "sched_ms_p99",
-    "makespan_s",
-)
-COUNT_METRICS: tuple[str, ...] = ("steps", "output_tokens")
+FLOAT_METRICS: tuple[str, ...] = tuple(m for m in SUMMARY_METRICS if m not in COUNT_METRICS)
 METRICS: tuple[str, ...] = FLOAT_METRICS + COUNT_METRICS
-"""Every per-policy summary metric; each is one column of ``replay_policy_summaries``."""
+"""Every per-policy summary metric (`shadow.analysis.metrics.METRICS`, the floats first);
+each is one column of ``replay_policy_summaries``."""
 
 STEP_SERIES: tuple[str, ...] = (
     "start_ms",

@@ -7,12 +7,11 @@ whitelists (`shadow.sweep.grid.PARAMS`, the stored metrics) before they are used
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 
-from shadow.service.runtime import Runtime
+from shadow.service.http.state import Store
 from shadow.storage import METRICS
 from shadow.sweep.grid import PARAMS, GridError, canonical_name
 from shadow.sweep.results import heatmap
@@ -55,25 +54,27 @@ def heatmap_answer(
     return heatmap(sweep_rows(store, sweep), x_name, y_name, metric, values)
 
 
-def register(app: FastAPI, runtime: Callable[[], Runtime]) -> None:
-    """Add `GET /v1/sweeps` and `GET /v1/sweeps/{sweep}/heatmap` to `app`."""
+router = APIRouter()
 
-    @app.get("/v1/sweeps")
-    def sweeps() -> dict[str, Any]:
-        """Stored sweeps, newest first: trace, cells, the parameters they vary and the
-        values each takes."""
-        return {"items": list_sweeps(runtime().store)}
 
-    @app.get("/v1/sweeps/{sweep}/heatmap")
-    def sweep_heatmap(
-        sweep: str,
-        request: Request,
-        x: str = "beta",
-        y: str = "gamma",
-        metric: str = "throughput_tok_s",
-    ) -> dict[str, Any]:
-        """`metric` over `x` by `y`: `z[j][i]` at (`x.values[i]`, `y.values[j]`), the mean
-        over seeds and over every parameter not on an axis unless a query parameter fixes
-        it (`policy=brh-oracle`, `horizon=80`, ...); null where no cell lies."""
-        filters = {k: v for k, v in request.query_params.items() if k not in _HEATMAP_ARGS}
-        return heatmap_answer(runtime().store, sweep, x, y, metric, filters)
+@router.get("/v1/sweeps")
+def sweeps(store: Store) -> dict[str, Any]:
+    """Stored sweeps, newest first: trace, cells, the parameters they vary and the
+    values each takes."""
+    return {"items": list_sweeps(store)}
+
+
+@router.get("/v1/sweeps/{sweep}/heatmap")
+def sweep_heatmap(
+    sweep: str,
+    request: Request,
+    store: Store,
+    x: str = "beta",
+    y: str = "gamma",
+    metric: str = "throughput_tok_s",
+) -> dict[str, Any]:
+    """`metric` over `x` by `y`: `z[j][i]` at (`x.values[i]`, `y.values[j]`), the mean
+    over seeds and over every parameter not on an axis unless a query parameter fixes
+    it (`policy=brh-oracle`, `horizon=80`, ...); null where no cell lies."""
+    filters = {k: v for k, v in request.query_params.items() if k not in _HEATMAP_ARGS}
+    return heatmap_answer(store, sweep, x, y, metric, filters)
