@@ -6,6 +6,15 @@ naming the rule that decided it. No I/O here except `load_thresholds`.
 """
 
 from shadow.gate.evidence import WINDOW_METRIC_KEYS, Evidence, WindowPair
+from shadow.gate.report import (
+    EXIT_CODES,
+    ROLES,
+    SCHEMA_VERSION,
+    USAGE_EXIT_CODE,
+    GateReport,
+    MetricRow,
+    explain,
+)
 from shadow.gate.statistics import BootstrapResult, histogram_text, paired_ratio_bootstrap
 from shadow.gate.thresholds import (
     GATE_METRICS,
@@ -14,16 +23,7 @@ from shadow.gate.thresholds import (
     load_thresholds,
     thresholds_from_mapping,
 )
-from shadow.gate.verdict import (
-    EXIT_CODES,
-    ROLES,
-    SCHEMA_VERSION,
-    USAGE_EXIT_CODE,
-    GateReport,
-    MetricRow,
-    decide,
-    explain,
-)
+from shadow.gate.verdict import decide
 
 __all__ = [
     "EXIT_CODES",

@@ -44,9 +44,9 @@ def gate_command(
 ) -> int:
     from shadow.gate.collect import collect_evidence
     from shadow.gate.record import record_gate_run
+    from shadow.gate.report import explain as explain_metric
     from shadow.gate.thresholds import Thresholds, load_thresholds
     from shadow.gate.verdict import decide
-    from shadow.gate.verdict import explain as explain_metric
 
     for name, value in (("--candidate", candidate), ("--baseline", baseline)):
         if value not in POLICY_NAMES:

@@ -42,8 +42,6 @@ computed and printed but never decide.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from dataclasses import dataclass
 from numbers import Real
@@ -52,24 +50,15 @@ from typing import Any
 import numpy as np
 
 from shadow.gate.evidence import WINDOW_METRIC_KEYS, Evidence
-from shadow.gate.statistics import BootstrapResult, histogram_text, paired_ratio_bootstrap
+from shadow.gate.report import (
+    EXIT_CODES,
+    GateReport,
+    MetricRow,
+    fmt,
+)
+from shadow.gate.statistics import BootstrapResult, paired_ratio_bootstrap
 from shadow.gate.thresholds import GATE_METRICS, Thresholds
 
-SCHEMA_VERSION = 1
-EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3, "MARGINAL": 4, "ERROR": 5}
-USAGE_EXIT_CODE = 2
-ROLES = {
-    "critical_violations": "HARD",
-    "candidate_errors": "HARD",
-    "decision_latency_p99_ms": "HARD",
-    "throughput_ratio": "PRIMARY",
-    "tpot_p95_ratio": "PRIMARY",
-    "imbalance_ratio": "OBJECTIVE",
-    "replay_fidelity": "GUARD",
-    "predictor_calibration": "GUARD",
-    "noise_floor": "NOISE",
-    "evidence": "EVIDENCE",
-}
 # Which finding decides among several of the same verdict (the rest are named after it).
 _INCONCLUSIVE_ORDER = (
     "evidence",
@@ -80,114 +69,6 @@ _INCONCLUSIVE_ORDER = (
     "tpot_p95_ratio",
 )
 _FIDELITY_EPS = 1e-9  # so a fidelity of exactly 1.10 is within a 10% tolerance
-
-
-@dataclass(frozen=True)
-class MetricRow:
-    """One line of the gate table: what was measured, against which margin, and the outcome.
-
-    `margin` is the rule in words (e.g. ">= 0.99"); `label` the outcome ("pass", "fail",
-    "straddles", "missing", "not shown", "out of bounds", "n/a", "dry run", ...); `rule`
-    the evaluation with its numbers.
-    """
-
-    metric: str
-    role: str
-    n: int
-    incumbent: float | None
-    candidate: float | None
-    ratio: float | None
-    ci_low: float | None
-    ci_high: float | None
-    margin: str
-    label: str
-    rule: str
-    dry_run: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-
-@dataclass(frozen=True, eq=False)
-class GateReport:
-    """The verdict, its exit code, the one sentence that explains it, and every row."""
-
-    verdict: str
-    exit_code: int
-    deciding_rule: str
-    rows: tuple[MetricRow, ...]
-    bootstrap: dict[str, BootstrapResult]
-    evidence: Evidence
-    thresholds: Thresholds
-
-    def row(self, metric: str) -> MetricRow:
-        for row in self.rows:
-            if row.metric == metric:
-                return row
-        raise KeyError(metric)
-
-    def exit_code_for(self, *, allow_marginal: bool = False, dry_run: bool = False) -> int:
-        """The process exit code under `--allow-marginal` / `--dry-run` (GATE.md)."""
-        if dry_run or (allow_marginal and self.verdict == "MARGINAL"):
-            return 0
-        return self.exit_code
-
-    def config_hash(self) -> str:
-        """sha256 of the canonical JSON of what configures the run (not of the evidence)."""
-        ev = self.evidence
-        config = {
-            "thresholds": self.thresholds.as_dict(),
-            "candidate": ev.candidate,
-            "baseline": ev.baseline,
-            "fleet": ev.fleet,
-            "since": ev.since,
-            "until": ev.until,
-        }
-        return hashlib.sha256(_canonical(config).encode()).hexdigest()
-
-    def as_json(self, tool_version: str) -> dict[str, Any]:
-        """The `--json` document (schema 1); only plain JSON types, NaN as null."""
-        ev = self.evidence
-        return {
-            "schema": SCHEMA_VERSION,
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
-            "deciding_rule": self.deciding_rule,
-            "rows": [row.as_dict() for row in self.rows],
-            "bootstrap": {
-                name: _jsonable(
-                    {
-                        "point": b.point,
-                        "ci_low": b.ci_low,
-                        "ci_high": b.ci_high,
-                        "n": b.n,
-                        "dropped": b.dropped,
-                    }
-                )
-                for name, b in sorted(self.bootstrap.items())
-            },
-            "evidence": _jsonable(
-                {
-                    "fleet": ev.fleet,
-                    "candidate": ev.candidate,
-                    "baseline": ev.baseline,
-                    "since": ev.since,
-                    "until": ev.until,
-                    "windows": len(ev.windows),
-                    "decisions": ev.decisions,
-                    "critical_violations": ev.critical_violations,
-                    "candidate_errors": ev.candidate_errors,
-                    "decision_latency_p99_ms": ev.decision_latency_p99_ms,
-                    "step_ms_mean": ev.step_ms_mean,
-                    "calibration_auc": ev.calibration_auc,
-                }
-            ),
-            "thresholds": self.thresholds.as_dict(),
-            "evidence_ids": _jsonable(ev.evidence_ids),
-            "tool_version": tool_version,
-            "config_hash": self.config_hash(),
-            "disagreements": _jsonable(list(ev.disagreements)),
-        }
 
 
 @dataclass(frozen=True)
@@ -292,39 +173,6 @@ def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateRepo
     return _report("PASS", _pass_sentence(rows, boot, t), tuple(rows), boot, evidence, t)
 
 
-def explain(report: GateReport, metric: str) -> str:
-    """`--explain METRIC`: the rule evaluation and, for interval rules, the bootstrap."""
-    names = [row.metric for row in report.rows]
-    if metric not in names:
-        known = ", ".join(names or GATE_METRICS)
-        raise ValueError(f"unknown metric {metric!r}; known: {known}")
-    row = report.row(metric)
-    t = report.thresholds
-    lines = [
-        f"{row.metric} ({row.role}){' [dry run: never decides]' if row.dry_run else ''}",
-        f"  margin:  {row.margin}",
-        f"  outcome: {row.label}",
-        f"  rule:    {row.rule}",
-        f"  n:       {row.n}",
-    ]
-    if row.incumbent is not None or row.candidate is not None:
-        lines.append(f"  incumbent mean: {_f(row.incumbent)}, candidate mean: {_f(row.candidate)}")
-    keys = [k for k in sorted(report.bootstrap) if k == metric or k.startswith(metric + ".")]
-    if not keys:
-        lines.append("  (no bootstrap: this rule is not judged on an interval)")
-    for key in keys:
-        b = report.bootstrap[key]
-        lines.append("")
-        lines.append(
-            f"bootstrap {key}: ratio of means {_f(b.point)} "
-            f"[{_f(b.ci_low)}, {_f(b.ci_high)}] over {b.n} windows ({b.dropped} dropped), "
-            f"{t.bootstrap_resamples} resamples, {t.confidence:.0%} percentile interval, "
-            f"seed {t.seed}"
-        )
-        lines.append(histogram_text(b.samples))
-    return "\n".join(lines)
-
-
 # --- rows -------------------------------------------------------------------------------
 
 
@@ -396,7 +244,7 @@ def _ratio_row(
     keep = np.isfinite(inc) & np.isfinite(cand)
     inc_mean = float(inc[keep].mean()) if keep.any() else None
     cand_mean = float(cand[keep].mean()) if keep.any() else None
-    shown = f"{name} {_f(b.point)} [{_f(b.ci_low)}, {_f(b.ci_high)}]"
+    shown = f"{name} {fmt(b.point)} [{fmt(b.ci_low)}, {fmt(b.ci_high)}]"
     measured = not (math.isnan(b.ci_low) or math.isnan(b.ci_high))
     finding: _Finding | None = None
     if metric == "throughput_ratio":
@@ -554,12 +402,12 @@ def _noise_row(
         ),
     ]
     shown = [
-        f"{name} {_f(b.point)} [{_f(b.ci_low)}, {_f(b.ci_high)}]" for _, name, b, _, _ in checks
+        f"{name} {fmt(b.point)} [{fmt(b.ci_low)}, {fmt(b.ci_high)}]" for _, name, b, _, _ in checks
     ]
     deciding = [c for c in checks if c[0] not in t.dry_run]
     missing = [c[1] for c in deciding if math.isnan(c[2].ci_low) or math.isnan(c[2].ci_high)]
     wider = [
-        f"{name} [{_f(b.ci_low)}, {_f(b.ci_high)}] {why}"
+        f"{name} [{fmt(b.ci_low)}, {fmt(b.ci_high)}] {why}"
         for primary, name, b, too_wide, why in deciding
         if name not in missing and too_wide(b)
     ]
@@ -622,7 +470,7 @@ def _pass_sentence(rows: list[MetricRow], boot: dict[str, BootstrapResult], t: T
         ("imbalance_ratio", "<", t.imbalance_ratio_ci_high_max),
     ):
         b = boot[metric]
-        text = f"{_RATIO_NAMES[metric]} {_f(b.point)} [{_f(b.ci_low)}, {_f(b.ci_high)}]"
+        text = f"{_RATIO_NAMES[metric]} {fmt(b.point)} [{fmt(b.ci_low)}, {fmt(b.ci_high)}]"
         dry = metric in t.dry_run
         parts.append(f"{text} (dry run, not deciding)" if dry else f"{text} {op} {_m(m)}")
     others = [
@@ -704,10 +552,6 @@ def _bootstrap(inc: np.ndarray, cand: np.ndarray, t: Thresholds) -> BootstrapRes
     )
 
 
-def _f(x: float | None) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
-
-
 def _m(x: float) -> str:
     """A margin as written in GATE.md: 0.99, 1.05, 1.0, 5.0."""
     return f"{x:.1f}" if float(x).is_integer() else f"{x:g}"
@@ -715,27 +559,3 @@ def _m(x: float) -> str:
 
 def _opt(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types only; NaN and infinities as null so the output is strict JSON."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, int | np.integer):
-        return int(value)
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        items = [_jsonable(v) for v in value]
-        return sorted(items, key=_canonical) if isinstance(value, set | frozenset) else items
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _jsonable(dataclasses.asdict(value))
-    return str(value)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(_jsonable(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
