@@ -9,8 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from shadow.modes import auditlog
-from shadow.modes.machine import ModeStore, note_gate_verdict
+from shadow.modes import ModeStore, auditlog, note_gate_verdict
 from shadow.service.store import ServiceStore
 
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shadow.modes.machine import Mode, ModeStore
+from shadow.modes import Mode, ModeStore
 from shadow.policies import POLICY_NAMES
 from shadow.predict import SurvivalPredictor, calibrate
 from shadow.service.footprint import resident_bytes

@@ -34,13 +34,13 @@ from shadow.modes.machine import (
     FleetMode,
     Mode,
     ModeError,
-    ModeStore,
     freeze,
     observe_window,
     reset,
     resume,
     set_mode,
 )
+from shadow.modes.store import ModeStore
 from shadow.policies.fscore import gap, imbalance
 from shadow.service.http import auth, explore, sweeps
 from shadow.service.http.explore import PAGE_MAX, SortKey, invalid
