@@ -51,8 +51,9 @@ class ModeConfig:
     """Consecutive healthy windows needed to leave ``fallback`` (must exceed ``trip_m``)."""
     cooldown_base_s: float = 300.0
     cooldown_max_s: float = 3600.0
-    latch_trips: int = 3
-    """More than this many trips within ``latch_period_s`` latches."""
+    latch_trips: int = field(default=3, metadata={"ge": 1})
+    """More than this many trips within ``latch_period_s`` latches (``metadata``: the bound
+    a configured value must meet; the machine itself also takes 0, latch at the first)."""
     latch_period_s: float = 86400.0
 
     def __post_init__(self) -> None:

@@ -658,8 +658,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             return _rows(rows)[0]
         return {
             "fleet": fleet,
-            "a_ms_per_token": settings.step_a_ms_per_token,
-            "b_ms": settings.step_b_ms,
+            "a_ms_per_token": settings.step_model.a_ms_per_token,
+            "b_ms": settings.step_model.b_ms,
             "fallback": True,
             "reason": "no fit yet: configured defaults",
             "n": 0,
