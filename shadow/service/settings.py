@@ -107,8 +107,9 @@ def _section_model(config: type) -> type[BaseModel]:
         bounds = {k: v for k, v in f.metadata.items() if k in _BOUNDS}
         if f.default_factory is not dataclasses.MISSING:
             fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory, **bounds))
-        else:
-            fields[f.name] = (hints[f.name], Field(f.default, **bounds))
+        else:  # a field without a default is a required key of its section
+            default = ... if f.default is dataclasses.MISSING else f.default
+            fields[f.name] = (hints[f.name], Field(default, **bounds))
     return create_model(
         f"{config.__name__}Section", __config__=ConfigDict(extra="forbid"), **fields
     )
