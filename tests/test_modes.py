@@ -16,7 +16,6 @@ from shadow.modes.machine import (
     Mode,
     ModeConfig,
     ModeError,
-    ModeStore,
     Result,
     freeze,
     note_gate_verdict,
@@ -26,6 +25,7 @@ from shadow.modes.machine import (
     set_mode,
     trip_now,
 )
+from shadow.modes.store import ModeStore
 from shadow.storage import open_database
 
 HOUR = 3600.0

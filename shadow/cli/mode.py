@@ -30,7 +30,7 @@ def _mode_action(
             raise fail(f"{response.status_code}: {response.json().get('detail')}")
         console.print_json(data=response.json())
         return
-    from shadow.modes.machine import ModeError, ModeStore, freeze, reset, resume, set_mode
+    from shadow.modes import ModeError, ModeStore, freeze, reset, resume, set_mode
     from shadow.storage import open_database
 
     with open_database(db) as database:
@@ -63,7 +63,7 @@ def mode_show(
 
         console.print_json(data=httpx.get(f"{url.rstrip('/')}/v1/fleets/{fleet}/mode").json())
         return
-    from shadow.modes.machine import ModeStore
+    from shadow.modes import ModeStore
     from shadow.storage import open_database
 
     with open_database(db) as database:

@@ -10,8 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from shadow.gate.source import EvidenceSource
-from shadow.modes import auditlog
-from shadow.modes.machine import ModeStore, note_gate_verdict
+from shadow.modes import ModeStore, auditlog, note_gate_verdict
 
 
 def record_gate_run(store: EvidenceSource, report: dict[str, Any], *, dry_run: bool) -> int:

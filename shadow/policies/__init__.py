@@ -7,6 +7,10 @@ Names are the ones the CLI, configs, the replay JSON and the tests use: `random`
 
 from __future__ import annotations
 
+# The registration order is the order of POLICY_NAMES: the baselines, then BR-0 and BR-H.
+from shadow.policies.baselines import JoinShortestQueuePolicy, LeastTokenLoadPolicy
+
+# isort: split
 from shadow.policies.balanceroute import (
     BalanceRouteConfig,
     BalanceRouteHorizon,
@@ -16,7 +20,7 @@ from shadow.policies.balanceroute import (
     two_stage_admission,
 )
 from shadow.policies.base import Policy
-from shadow.policies.baselines import BASELINES
+from shadow.policies.registry import make_policy, policy_names, register_policy
 from shadow.policies.snapshot import (
     NO_KEY,
     ActiveRequest,
@@ -28,47 +32,18 @@ from shadow.policies.snapshot import (
     WorkerView,
     prompt_key_id,
 )
-from shadow.predict.predictors import PREDICTORS, Predictor, make_predictor
 
-BASELINE_POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in BASELINES}
-POLICY_NAMES: tuple[str, ...] = (
-    *BASELINE_POLICIES,
-    "br0",
-    *(f"brh-{predictor}" for predictor in PREDICTORS),
-)
-
-
-def make_policy(
-    name: str,
-    *,
-    seed: int = 0,
-    config: BalanceRouteConfig | None = None,
-    predictor: Predictor | None = None,
-) -> Policy:
-    """Build a policy by name. `brh-NAME` builds BR-H with a fresh predictor `NAME` unless
-    one is passed (a predictor shared with the replay engine or mirror learns from it)."""
-    if name in BASELINE_POLICIES:
-        return BASELINE_POLICIES[name](seed=seed)  # type: ignore[call-arg]
-    if name == "br0":
-        return BalanceRouteZero(config, seed=seed)
-    if name == "brh" or name.startswith("brh-"):
-        predictor_name = name.removeprefix("brh").removeprefix("-")
-        if predictor is None:
-            if not predictor_name:
-                raise ValueError("policy 'brh' needs a predictor; name it as brh-survival, ...")
-            predictor = make_predictor(predictor_name)
-        elif predictor_name and predictor.name != predictor_name:
-            raise ValueError(f"policy {name!r} was given a {predictor.name!r} predictor")
-        return BalanceRouteHorizon(predictor, config, seed=seed)
-    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+POLICY_NAMES: tuple[str, ...] = policy_names()
+#: the baselines whose arbitrary choices are ties, which `random_ties` draws at random
+_TIE_BREAKING = {cls.name: cls for cls in (JoinShortestQueuePolicy, LeastTokenLoadPolicy)}
 
 
 def make_aa_policy(name: str, seed: int = 1) -> Policy:
     """The incumbent against itself for the A/A noise floor: the same rule with its
     arbitrary choices (ties, randomness) drawn differently."""
-    cls = BASELINE_POLICIES.get(name)
-    if cls is not None and name in ("jsq", "ltl"):
-        return cls(seed=seed, random_ties=True)  # type: ignore[call-arg]
+    cls = _TIE_BREAKING.get(name)
+    if cls is not None:
+        return cls(seed=seed, random_ties=True)
     return make_policy(name, seed=seed)
 
 
@@ -89,7 +64,9 @@ __all__ = [
     "horizon_scores",
     "make_aa_policy",
     "make_policy",
+    "policy_names",
     "project_loads",
     "prompt_key_id",
+    "register_policy",
     "two_stage_admission",
 ]

@@ -14,9 +14,10 @@ import numpy as np
 
 from shadow.policies.base import Policy
 from shadow.policies.fscore import PiecewiseObjective, discounts
+from shadow.policies.registry import PolicyFactory, register_policy
 from shadow.policies.snapshot import ActiveSet, Admission, FleetSnapshot, ReadyPool
 from shadow.policies.subset import best_subset
-from shadow.predict.predictors import Predictor
+from shadow.predict.predictors import PREDICTORS, Predictor, make_predictor
 
 MAX_CANDIDATES = 24
 
@@ -257,3 +258,35 @@ class BalanceRouteHorizon(Policy):
         )
         decided = two_stage_admission(picture, snapshot.free_slots, pool.prompt_tokens, self.config)
         return _as_admissions(decided, snapshot, pool)
+
+
+@register_policy("br0")
+def _balance_route_zero(
+    *, seed: int, config: BalanceRouteConfig | None, predictor: Predictor | None
+) -> Policy:
+    return BalanceRouteZero(config, seed=seed)
+
+
+def _balance_route_horizon(predictor_name: str | None) -> PolicyFactory:
+    """The factory of `brh-NAME`: BR-H with a fresh predictor NAME unless one is passed;
+    bare `brh` (None) takes only a passed one."""
+
+    def build(
+        *, seed: int, config: BalanceRouteConfig | None, predictor: Predictor | None
+    ) -> Policy:
+        if predictor is None:
+            if predictor_name is None:
+                raise ValueError("policy 'brh' needs a predictor; name it as brh-survival, ...")
+            predictor = make_predictor(predictor_name)
+        elif predictor_name is not None and predictor.name != predictor_name:
+            raise ValueError(
+                f"policy 'brh-{predictor_name}' was given a {predictor.name!r} predictor"
+            )
+        return BalanceRouteHorizon(predictor, config, seed=seed)
+
+    return build
+
+
+register_policy("brh", listed=False)(_balance_route_horizon(None))
+for _predictor in PREDICTORS:
+    register_policy(f"brh-{_predictor}")(_balance_route_horizon(_predictor))

@@ -7,6 +7,7 @@ import random as _random
 from abc import abstractmethod
 
 from shadow.policies.base import Policy
+from shadow.policies.registry import register_policy
 from shadow.policies.snapshot import Admission, FleetSnapshot, ReadyPool
 
 
@@ -32,10 +33,9 @@ class SlotFillingPolicy(Policy):
         """Index of the worker for the next request; at least one worker has a free slot."""
 
 
+@register_policy("random")
 class RandomPolicy(SlotFillingPolicy):
     """Uniform among workers with a free slot."""
-
-    name = "random"
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = _random.Random(seed)
@@ -44,10 +44,9 @@ class RandomPolicy(SlotFillingPolicy):
         return self._rng.choice([g for g, slots in enumerate(free) if slots > 0])
 
 
+@register_policy("rr")
 class RoundRobinPolicy(SlotFillingPolicy):
     """Round robin over workers with a free slot; the cursor persists across rounds."""
-
-    name = "rr"
 
     def __init__(self, seed: int = 0) -> None:
         self._cursor = 0
@@ -62,13 +61,12 @@ class RoundRobinPolicy(SlotFillingPolicy):
         raise AssertionError("choose called with no free slot")
 
 
+@register_policy("jsq")
 class JoinShortestQueuePolicy(SlotFillingPolicy):
     """Fewest active requests, ties to the lowest index: the incumbent in the field.
 
     `random_ties` breaks ties at random instead (seeded): the A/A replay, which shows how
     much a window's metrics move on arbitrary choices alone."""
-
-    name = "jsq"
 
     def __init__(self, seed: int = 0, random_ties: bool = False) -> None:
         self._rng = _random.Random(seed) if random_ties else None
@@ -80,10 +78,9 @@ class JoinShortestQueuePolicy(SlotFillingPolicy):
         return self._rng.choice([g for g, c in enumerate(count) if c == fewest and free[g] > 0])
 
 
+@register_policy("p2c")
 class PowerOfTwoPolicy(SlotFillingPolicy):
     """Two random workers with a free slot; the one with fewer active requests."""
-
-    name = "p2c"
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = _random.Random(seed)
@@ -96,10 +93,9 @@ class PowerOfTwoPolicy(SlotFillingPolicy):
         return min((count[a], a), (count[b], b))[1]
 
 
+@register_policy("ltl")
 class LeastTokenLoadPolicy(SlotFillingPolicy):
     """Lowest KV load `L_g`, ties to the lowest index (or at random, seeded: A/A)."""
-
-    name = "ltl"
 
     def __init__(self, seed: int = 0, random_ties: bool = False) -> None:
         self._rng = _random.Random(seed) if random_ties else None
@@ -110,12 +106,12 @@ class LeastTokenLoadPolicy(SlotFillingPolicy):
         return ties[0] if self._rng is None else self._rng.choice(ties)
 
 
+@register_policy("vllm-dplb")
 class VllmDpLoadBalancerPolicy(Policy):
     """vLLM's data-parallel balancer: every request goes, on arrival, to the rank with the
     lowest `4 * waiting + running` (ties: lowest index), which queues what it cannot start.
     A dispatched request counts as waiting on its rank for the rest of the round."""
 
-    name = "vllm-dplb"
     dispatches_on_arrival = True
 
     def __init__(self, seed: int = 0) -> None:
@@ -131,13 +127,3 @@ class VllmDpLoadBalancerPolicy(Policy):
             waiting[g] += 1
             admissions.append(Admission(request_id, snapshot.worker_ids[g]))
         return admissions
-
-
-BASELINES: tuple[type[Policy], ...] = (
-    RandomPolicy,
-    RoundRobinPolicy,
-    JoinShortestQueuePolicy,
-    PowerOfTwoPolicy,
-    LeastTokenLoadPolicy,
-    VllmDpLoadBalancerPolicy,
-)

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shadow.modes.machine import Mode, ModeStore
+from shadow.modes import Mode, ModeStore
 from shadow.policies import POLICY_NAMES
 from shadow.predict import SurvivalPredictor, calibrate
 from shadow.service.footprint import resident_bytes
@@ -192,7 +192,7 @@ class ServiceCollector(Collector):
             for metric, key in (("imbalance", "fidelity_imbalance"), ("step", "fidelity_step")):
                 if any_row[key] is not None:
                     fidelity.add_metric([fleet, metric], any_row[key])
-            incumbent = policies.get(self._runtime().settings.incumbent, {})
+            incumbent = policies.get(self._runtime().settings.windows.incumbent, {})
             for policy, row in policies.items():
                 for column, _, _, scale in WINDOW_GAUGES:
                     if row[column] is not None:
@@ -235,7 +235,7 @@ class ServiceCollector(Collector):
             labels=["fleet"],
         )
         now = time.monotonic()
-        horizon = runtime.settings.br_horizon
+        horizon = runtime.settings.balance_route.horizon
         for fleet, state in list(runtime.pipeline.fleets.items()):
             cached = self._calibration.get(fleet)
             if cached is None or now - cached[0] > CALIBRATION_EVERY_S:

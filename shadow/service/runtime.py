@@ -63,12 +63,12 @@ class Runtime:
         self._workers: dict[str, ProcessPoolExecutor] = {}
         audit_executor = window_executor = None
         if settings.workers_processes:
-            if settings.audit:
+            if config.audit_enabled:
                 audit_executor = audit_worker(
                     config.audit, config.invariants, config.ghost_sweep_every_s
                 )
                 self._workers["audit"] = audit_executor
-            if settings.windows:
+            if config.windows_enabled:
                 window_executor = window_worker()
                 self._workers["windows"] = window_executor
         self.pipeline = Pipeline(self.store, config, window_executor, audit_executor)

@@ -1,23 +1,145 @@
-"""One typed settings object for `shadow serve` and `shadow ingest`: defaults, then a
-TOML file, then `SHADOW_*` environment variables (flat names, e.g. `SHADOW_DB`)."""
+"""One typed settings object for `shadow serve` and `shadow ingest`: defaults, then a TOML
+file, then `SHADOW_*` environment variables, then explicit overrides (CLI options).
+
+The core's own config dataclasses are the sections (`[modes]` is `ModeConfig`, `[limits]`
+`Limits`, ...), so every default and bound is written once, in its dataclass (bounds as
+`ge`/`gt`/`le`/`lt` in a field's `metadata`, cross-field rules in `__post_init__`). A
+section holds its dataclass's own fields; a field that is itself a config dataclass (the
+audit's and the windows' `balance_route`, the ingest path's nested configs) is a section
+of its own, joined in by `pipeline()`. Environment: `SHADOW_<NAME>` for a top-level name,
+`SHADOW_<SECTION>__<FIELD>` for a section's (`SHADOW_MODES__TRIP_K`). The flat names of
+before (`window_s`, `SHADOW_MODE_TRIP_K`, ...) still work, with one deprecation warning
+naming the new spelling.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import tomllib
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    SecretStr,
+    ValidationError,
+    create_model,
+    field_validator,
+)
+from pydantic_core import core_schema
 
 from shadow.modes.machine import ModeConfig
 from shadow.policies import POLICY_NAMES, BalanceRouteConfig
 from shadow.replay.workload import StepModel
 from shadow.service.http.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
 from shadow.service.ingest.pipeline import Limits, PipelineConfig
-from shadow.stream.audit import DEFAULT_SHADOW_POLICIES, AuditConfig
+from shadow.stream.audit import AuditConfig
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.windows import WindowConfig
+
+log = logging.getLogger(__name__)
+
+#: the section names and the core config dataclass each one is
+SECTIONS: dict[str, type] = {
+    "ingest": PipelineConfig,
+    "limits": Limits,
+    "audit": AuditConfig,
+    "windows": WindowConfig,
+    "invariants": InvariantConfig,
+    "balance_route": BalanceRouteConfig,
+    "step_model": StepModel,
+    "modes": ModeConfig,
+}
+
+#: the flat names of before -> (section, field); `audit` and `windows` given a table are
+#: the sections, given a value the switches they always were
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    "reorder_window_s": ("ingest", "reorder_window_s"),
+    "audit": ("ingest", "audit_enabled"),
+    "windows": ("ingest", "windows_enabled"),
+    "max_reorder_events": ("limits", "max_reorder_events"),
+    "max_fleets": ("limits", "max_fleets"),
+    "max_workers_per_fleet": ("limits", "max_workers_per_fleet"),
+    "max_active_per_fleet": ("limits", "max_active_per_fleet"),
+    "finished_ttl_s": ("limits", "finished_ttl_s"),
+    "max_audit_backlog": ("limits", "max_audit_backlog"),
+    "audit_policies": ("audit", "policies"),
+    "window_s": ("windows", "length_s"),
+    "window_max_lag_s": ("windows", "max_lag_s"),
+    "window_policies": ("windows", "policies"),
+    "incumbent": ("windows", "incumbent"),
+    "ghost_ttl_s": ("invariants", "ghost_ttl_s"),
+    "drift_samples": ("invariants", "drift_samples"),
+    "scrape_drift_tolerance": ("invariants", "scrape_drift_tolerance"),
+    "step_a_ms_per_token": ("step_model", "a_ms_per_token"),
+    "step_b_ms": ("step_model", "b_ms"),
+    "br_horizon": ("balance_route", "horizon"),
+    "br_alpha": ("balance_route", "alpha"),
+    "br_beta": ("balance_route", "beta"),
+    "br_gamma": ("balance_route", "gamma"),
+    "mode_trip_k": ("modes", "trip_k"),
+    "mode_trip_m": ("modes", "trip_m"),
+    "mode_min_requests": ("modes", "min_requests_per_window"),
+    "mode_recovery_windows": ("modes", "recovery_windows"),
+    "mode_cooldown_base_s": ("modes", "cooldown_base_s"),
+    "mode_cooldown_max_s": ("modes", "cooldown_max_s"),
+    "mode_latch_trips": ("modes", "latch_trips"),
+}
+
+_BOUNDS = ("ge", "gt", "le", "lt")
+
+
+def _section_model(config: type) -> type[BaseModel]:
+    """A pydantic model of `config`'s own fields, with the dataclass's defaults and bounds;
+    fields that are config dataclasses themselves are left to their own sections."""
+    hints = typing.get_type_hints(config)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        if dataclasses.is_dataclass(hints[f.name]):
+            continue
+        bounds = {k: v for k, v in f.metadata.items() if k in _BOUNDS}
+        if f.default_factory is not dataclasses.MISSING:
+            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory, **bounds))
+        else:  # a field without a default is a required key of its section
+            default = ... if f.default is dataclasses.MISSING else f.default
+            fields[f.name] = (hints[f.name], Field(default, **bounds))
+    return create_model(
+        f"{config.__name__}Section", __config__=ConfigDict(extra="forbid"), **fields
+    )
+
+
+SECTION_MODELS: dict[str, type[BaseModel]] = {
+    name: _section_model(config) for name, config in SECTIONS.items()
+}
+
+
+class _AsSection:
+    """Validates a section's table through its model, then builds the dataclass (whose
+    `__post_init__` checks the rules across fields); an instance passes as it is."""
+
+    def __get_pydantic_core_schema__(
+        self, source: type, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        model = next(m for name, m in SECTION_MODELS.items() if SECTIONS[name] is source)
+
+        def build(value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:
+            if isinstance(value, source):
+                return value
+            section = validate(value)
+            return source(**{name: getattr(section, name) for name in type(section).model_fields})
+
+        return core_schema.no_info_wrap_validator_function(build, handler.generate_schema(model))
+
+
+Config = TypeVar("Config")
+Section = Annotated[Config, _AsSection()]
 
 
 class EngineTarget(BaseModel):
@@ -54,46 +176,14 @@ class ServiceSettings(BaseModel):
     port: int = Field(8321, ge=0, le=65535)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_batch_events: int = Field(500_000, ge=1)
-    max_reorder_events: int = Field(1_000_000, ge=1000)
-    max_fleets: int = Field(64, ge=1)
-    max_workers_per_fleet: int = Field(1024, ge=1)
-    max_active_per_fleet: int = Field(200_000, ge=1)
-    finished_ttl_s: float = Field(300.0, gt=0)
-    max_audit_backlog: int = Field(64, ge=1)
     duckdb_memory_mb: int = Field(512, ge=64)
-    reorder_window_s: float = Field(2.0, ge=0)
     idle_flush_s: float = Field(0.5, gt=0)
-    audit: bool = True
-    audit_policies: list[str] = Field(default_factory=lambda: list(DEFAULT_SHADOW_POLICIES))
     workers_processes: bool = True
-    windows: bool = True
-    window_s: float = Field(30.0, gt=0)
-    window_max_lag_s: float = Field(600.0, gt=0)
-    window_policies: list[str] = Field(
-        default_factory=lambda: ["jsq", "random", "br0", "brh-survival", "brh-oracle"]
-    )
-    incumbent: str = "jsq"
-    ghost_ttl_s: float = Field(120.0, gt=0)
-    drift_samples: int = Field(3, ge=1)
-    step_a_ms_per_token: float = Field(1.2e-4, ge=0)
-    step_b_ms: float = Field(20.0, ge=0)
-    br_horizon: int = Field(80, ge=0)
-    br_alpha: float = Field(1.0, ge=0)
-    br_beta: float = Field(43.0, ge=0)
-    br_gamma: float = Field(0.86, gt=0, le=1)
     fleet: str = "default"
     engines: list[EngineTarget] = Field(default_factory=list)
     poll_interval_s: float = Field(0.5, gt=0)
     staleness_s: float = Field(3.0, gt=0)
-    scrape_drift_tolerance: int = Field(2, ge=0)
     route_budget_ms: float = Field(5.0, gt=0)
-    mode_trip_k: int = Field(3, ge=1)
-    mode_trip_m: int = Field(5, ge=1)
-    mode_min_requests: int = Field(20, ge=0)
-    mode_recovery_windows: int = Field(12, ge=1)
-    mode_cooldown_base_s: float = Field(300.0, ge=0)
-    mode_cooldown_max_s: float = Field(3600.0, ge=0)
-    mode_latch_trips: int = Field(3, ge=1)
     demo: bool = False
     demo_workers: int = Field(4, ge=1, le=64)
     demo_batch: int = Field(16, ge=1)
@@ -101,6 +191,14 @@ class ServiceSettings(BaseModel):
     demo_load: float = Field(0.9, gt=0)
     tokens: list[TokenSpec] = Field(default_factory=list)
     tokens_file: Path | None = None
+    ingest: Section[PipelineConfig] = Field(default_factory=PipelineConfig)
+    limits: Section[Limits] = Field(default_factory=Limits)
+    audit: Section[AuditConfig] = Field(default_factory=AuditConfig)
+    windows: Section[WindowConfig] = Field(default_factory=WindowConfig)
+    invariants: Section[InvariantConfig] = Field(default_factory=InvariantConfig)
+    balance_route: Section[BalanceRouteConfig] = Field(default_factory=BalanceRouteConfig)
+    step_model: Section[StepModel] = Field(default_factory=StepModel)
+    modes: Section[ModeConfig] = Field(default_factory=ModeConfig)
 
     def token_table(self) -> TokenTable:
         return TokenTable((t.name, t.token.get_secret_value(), t.roles) for t in self.tokens)
@@ -112,8 +210,9 @@ class ServiceSettings(BaseModel):
                 "file or tokens_file, or set SHADOW_TOKENS_INGEST and SHADOW_TOKENS_OPERATOR "
                 "(see docs/RELIABILITY.md); or listen on 127.0.0.1"
             )
+        windows = self.windows
         unknown = [
-            p for p in [*self.audit_policies, *self.window_policies, self.incumbent]
+            p for p in [*self.audit.policies, *windows.policies, windows.incumbent]
             if p not in POLICY_NAMES
         ]  # fmt: skip
         if unknown:
@@ -122,45 +221,110 @@ class ServiceSettings(BaseModel):
             )
 
     def mode_config(self) -> ModeConfig:
-        return ModeConfig(
-            trip_k=self.mode_trip_k,
-            trip_m=self.mode_trip_m,
-            min_requests_per_window=self.mode_min_requests,
-            recovery_windows=self.mode_recovery_windows,
-            cooldown_base_s=self.mode_cooldown_base_s,
-            cooldown_max_s=self.mode_cooldown_max_s,
-            latch_trips=self.mode_latch_trips,
-        )
+        return self.modes
 
     def pipeline(self) -> PipelineConfig:
-        route = BalanceRouteConfig(
-            horizon=self.br_horizon, alpha=self.br_alpha, beta=self.br_beta, gamma=self.br_gamma
+        """The ingest path's config: `[ingest]` with the sections it nests, and the one
+        `[balance_route]` that the audit and the windows share."""
+        route = self.balance_route
+        return dataclasses.replace(
+            self.ingest,
+            limits=self.limits,
+            invariants=self.invariants,
+            default_step_model=self.step_model,
+            audit=dataclasses.replace(self.audit, balance_route=route),
+            windows=dataclasses.replace(self.windows, balance_route=route),
         )
-        return PipelineConfig(
-            limits=Limits(
-                max_reorder_events=self.max_reorder_events,
-                max_fleets=self.max_fleets,
-                max_workers_per_fleet=self.max_workers_per_fleet,
-                max_active_per_fleet=self.max_active_per_fleet,
-                finished_ttl_s=self.finished_ttl_s,
-                max_audit_backlog=self.max_audit_backlog,
-            ),
-            reorder_window_s=self.reorder_window_s,
-            audit_enabled=self.audit,
-            windows_enabled=self.windows,
-            default_step_model=StepModel(self.step_a_ms_per_token, self.step_b_ms),
-            audit=AuditConfig(tuple(self.audit_policies), route),
-            invariants=InvariantConfig(
-                ghost_ttl_s=self.ghost_ttl_s, drift_samples=self.drift_samples
-            ),
-            windows=WindowConfig(
-                length_s=self.window_s,
-                max_lag_s=self.window_max_lag_s,
-                policies=tuple(self.window_policies),
-                incumbent=self.incumbent,
-                balance_route=route,
-            ),
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> ServiceSettings:
+        """Pydantic's copy, where `update` may also name a section's field by its flat name
+        of before (`window_s`); a name that is neither is refused, not silently kept."""
+        if not update:
+            return super().model_copy(deep=deep)
+        changes: dict[str, Any] = {}
+        for key, value in update.items():
+            if _is_flat(key, value):
+                section, name = FLAT_NAMES[key]
+                current = changes.get(section, getattr(self, section))
+                changes[section] = dataclasses.replace(current, **{name: value})
+            elif key in type(self).model_fields:
+                changes[key] = value
+            else:
+                raise ValueError(f"unknown setting {key!r}")
+        return super().model_copy(update=changes, deep=deep)
+
+
+def _is_flat(key: str, value: Any) -> bool:
+    """A flat name of before (`audit = false` is one; `[audit]`, a table, is not)."""
+    if key in SECTIONS:
+        return key in FLAT_NAMES and not (
+            isinstance(value, Mapping) or dataclasses.is_dataclass(value)
         )
+    return key in FLAT_NAMES
+
+
+def _nest(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """One source's values with flat names moved into their sections, and the flat names
+    it used."""
+    out: dict[str, Any] = {}
+    flat: list[str] = []
+    for key, value in values.items():
+        if _is_flat(key, value):
+            section, name = FLAT_NAMES[key]
+            table = out.setdefault(section, {})
+            if isinstance(table, dict):  # the section's own spelling wins (a whole one too)
+                table.setdefault(name, value)
+            flat.append(key)
+        elif key in SECTIONS and isinstance(value, Mapping):
+            table = out.get(key)
+            out[key] = {**table, **value} if isinstance(table, dict) else dict(value)
+        else:
+            out[key] = value
+    return out, flat
+
+
+def _merge(base: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    """Lay `layer` over `base`: a section's table field by field, anything else whole."""
+    for key, value in layer.items():
+        below = base.get(key)
+        if key in SECTIONS and isinstance(value, dict) and isinstance(below, dict):
+            base[key] = {**below, **value}
+        else:
+            base[key] = value
+
+
+def _is_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (list, tuple)
+
+
+def _env_values() -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """`SHADOW_*` variables, nested; and each flat one used, with its new spelling."""
+    values: dict[str, Any] = {}
+    renamed: list[tuple[str, str]] = []
+
+    def read(variable: str, annotation: Any) -> Any:
+        raw = os.environ.get(variable)
+        return raw.split(",") if raw is not None and _is_list(annotation) else raw
+
+    for name, info in ServiceSettings.model_fields.items():
+        if name not in SECTIONS and name not in ("engines", "tokens"):
+            value = read(f"SHADOW_{name.upper()}", info.annotation)
+            if value is not None:
+                values[name] = value
+    for flat, (section, name) in FLAT_NAMES.items():
+        annotation = SECTION_MODELS[section].model_fields[name].annotation
+        value = read(f"SHADOW_{flat.upper()}", annotation)
+        if value is not None:
+            values.setdefault(section, {}).setdefault(name, value)
+            renamed.append((f"SHADOW_{flat.upper()}", f"SHADOW_{section}__{name}".upper()))
+    for section, model in SECTION_MODELS.items():
+        for name, info in model.model_fields.items():
+            value = read(f"SHADOW_{section}__{name}".upper(), info.annotation)
+            if value is not None:
+                values.setdefault(section, {})[name] = value
+    return values, renamed
 
 
 def _env_tokens() -> list[dict[str, Any]]:
@@ -186,22 +350,31 @@ def _file_tokens(path: Any) -> list[dict[str, Any]]:
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> ServiceSettings:
-    """Defaults < TOML file < environment < explicit overrides (CLI options)."""
+    """Defaults < TOML file < environment < explicit overrides (CLI options; flat names of
+    before are accepted there without a warning, as the programmatic spelling)."""
     values: dict[str, Any] = {}
+    renamed: list[tuple[str, str]] = []
     if path is not None:
         try:
-            values.update(tomllib.loads(Path(path).read_text()))
+            from_file = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ValueError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as error:
             raise ValueError(f"config file {path}: {error}") from None
-    for name in ServiceSettings.model_fields:
-        env = os.environ.get(f"SHADOW_{name.upper()}")
-        if env is not None and name not in ("engines", "tokens"):
-            values[name] = env.split(",") if name.endswith("_policies") else env
-    values.update({k: v for k, v in overrides.items() if v is not None})
+        nested, flat = _nest(from_file)
+        _merge(values, nested)
+        renamed += [(name, "[{}] {}".format(*FLAT_NAMES[name])) for name in flat]
+    from_env, env_renamed = _env_values()
+    _merge(values, from_env)
+    renamed += env_renamed
+    _merge(values, _nest({k: v for k, v in overrides.items() if v is not None})[0])
     values["tokens"] = [*values.get("tokens", []), *_file_tokens(values.get("tokens_file")),
                         *_env_tokens()]  # fmt: skip
+    if renamed:
+        log.warning(
+            "deprecated settings names (still read; use the new spelling): %s",
+            ", ".join(f"{old} -> {new}" for old, new in renamed),
+        )
     try:
         settings = ServiceSettings(**values)
     except ValidationError as error:

@@ -8,7 +8,7 @@ Critical kinds feed the gate and the fallback.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shadow.stream.mirror import FleetMirror
 
@@ -43,12 +43,14 @@ class Violation:
 
 @dataclass(frozen=True)
 class InvariantConfig:
-    ghost_ttl_s: float = 120.0
+    """A field's `metadata` holds the bounds a configured value must meet."""
+
+    ghost_ttl_s: float = field(default=120.0, metadata={"gt": 0})
     #: a live dispatch can race a step boundary by a few ms, so one request of slack
-    drift_tolerance: int = 1
+    drift_tolerance: int = field(default=1, metadata={"ge": 0})
     #: scrapes race the event stream by milliseconds, so they get some slack
-    scrape_drift_tolerance: int = 2
-    drift_samples: int = 3
+    scrape_drift_tolerance: int = field(default=2, metadata={"ge": 0})
+    drift_samples: int = field(default=3, metadata={"ge": 1})
 
 
 class InvariantChecker:

@@ -53,8 +53,8 @@ IMPUTE_HORIZON = 1_000_000
 
 @dataclass(frozen=True)
 class WindowConfig:
-    length_s: float = 30.0
-    max_lag_s: float = 600.0
+    length_s: float = field(default=30.0, metadata={"gt": 0})  # metadata: configured bounds
+    max_lag_s: float = field(default=600.0, metadata={"gt": 0})
     policies: tuple[str, ...] = ("jsq", "random", "br0", "brh-survival", "brh-oracle")
     incumbent: str = "jsq"
     history_limit: int = 20_000

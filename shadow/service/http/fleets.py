@@ -129,8 +129,8 @@ def stepmodel(fleet: str, state: State) -> dict[str, Any]:
         return rows_json([fit])[0]
     return {
         "fleet": fleet,
-        "a_ms_per_token": state.settings.step_a_ms_per_token,
-        "b_ms": state.settings.step_b_ms,
+        "a_ms_per_token": state.settings.step_model.a_ms_per_token,
+        "b_ms": state.settings.step_model.b_ms,
         "fallback": True,
         "reason": "no fit yet: configured defaults",
         "n": 0,

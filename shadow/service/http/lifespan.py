@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CollectorRegistry
 
 from shadow.connectors.poller import MetricsPoller, Target
-from shadow.modes.machine import Mode, ModeStore, observe_window
+from shadow.modes import Mode, ModeStore, observe_window
 from shadow.service.http.ingest import flush_reorder_window
 from shadow.service.http.routing import LiveRouter
 from shadow.service.http.state import AppState, Started

@@ -9,8 +9,7 @@ from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 
 from shadow.gate.record import last_verdict
-from shadow.modes import auditlog
-from shadow.modes.machine import FleetMode, ModeError, freeze, reset, resume, set_mode
+from shadow.modes import FleetMode, ModeError, auditlog, freeze, reset, resume, set_mode
 from shadow.service.http.responses import PAGE_MAX, invalid
 from shadow.service.http.routing import RouteRequest
 from shadow.service.http.state import State

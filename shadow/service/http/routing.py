@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from shadow.modes.machine import Mode, ModeConfig, ModeStore, trip_now
+from shadow.modes import Mode, ModeConfig, ModeStore, trip_now
 from shadow.policies import Policy, ReadyPool, make_policy, prompt_key_id
 from shadow.service.ingest.pipeline import Pipeline
 

@@ -13,7 +13,7 @@ from fastapi import Depends, HTTPException, Request
 from prometheus_client import CollectorRegistry
 
 from shadow.connectors.poller import MetricsPoller
-from shadow.modes.machine import ModeStore
+from shadow.modes import ModeStore
 from shadow.service.http.companion import Companion, CompanionAddresses
 from shadow.service.http.responses import clean
 from shadow.service.http.routing import LiveRouter

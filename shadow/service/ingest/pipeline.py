@@ -54,7 +54,10 @@ PROGRESS_FOLD_EVERY_S = 5.0
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    reorder_window_s: float = 2.0
+    """The ingest path. A field's `metadata` holds the bounds a configured value must meet
+    (`ge`, `gt`, `le`, `lt`; the settings check them)."""
+
+    reorder_window_s: float = field(default=2.0, metadata={"ge": 0})
     seq_window: int = 1_000_000
     ghost_sweep_every_s: float = 5.0
     audit_enabled: bool = True
@@ -72,16 +75,16 @@ class Limits:
     """Bounds on what one service instance holds; each hit is counted (`bound_hits`)."""
 
     #: events waiting in the reorder window; past it, everything buffered is applied now
-    max_reorder_events: int = 1_000_000
-    max_fleets: int = 64
-    max_workers_per_fleet: int = 1024
+    max_reorder_events: int = field(default=1_000_000, metadata={"ge": 1000})
+    max_fleets: int = field(default=64, metadata={"ge": 1})
+    max_workers_per_fleet: int = field(default=1024, metadata={"ge": 1})
     #: requests ready or running in one fleet; more `ready` events are rejected
-    max_active_per_fleet: int = 200_000
+    max_active_per_fleet: int = field(default=200_000, metadata={"ge": 1})
     #: dedupe memory of a finished request's progress is kept this long (fleet time)
-    finished_ttl_s: float = 300.0
+    finished_ttl_s: float = field(default=300.0, metadata={"gt": 0})
     #: batches handed to the audit worker and not audited yet; past it, ingest waits for
     #: the oldest (the audit's memory and lag stay bounded when it falls behind)
-    max_audit_backlog: int = 64
+    max_audit_backlog: int = field(default=64, metadata={"ge": 1})
 
 
 BOUNDS = ("body_bytes", "batch_events", "reorder_buffer", "fleets", "workers_per_fleet",
