@@ -19,7 +19,7 @@ import queue
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,15 +27,16 @@ from typing import Any
 from shadow.events import EVENT_ORDER, EventError
 from shadow.replay.workload import StepModel
 from shadow.service.ingest.apply import Applier, FleetState
+from shadow.service.ingest.audits import AuditHandoff
 from shadow.service.ingest.committer import CommitJob, GroupCommitter
 from shadow.service.ingest.reorder import Entry, ReorderBuffer
 from shadow.service.ingest.rows import lifecycle_row, stored_event
 from shadow.service.ingest.seen import RecentInts
 from shadow.service.ingest.windows import WindowScheduler
 from shadow.service.store import EventBatch, ServiceStore
-from shadow.stream.audit import AuditConfig, AuditFollower, AuditOutcome, Decision, run_in_worker
+from shadow.stream.audit import AuditConfig
 from shadow.stream.invariants import InvariantConfig, Violation
-from shadow.stream.items import DispatchItem, ForgetItem, StreamItem, encode_stream
+from shadow.stream.items import ForgetItem, StreamItem
 from shadow.stream.windows import WindowConfig, WindowResult
 
 __all__ = ["BOUNDS", "FleetState", "IngestResult", "Limits", "Pipeline", "PipelineConfig"]
@@ -118,15 +119,6 @@ class Pipeline:
         self.config = config or PipelineConfig()
         self.executor = executor
         self.audit_executor = audit_executor
-        self._follower = (
-            AuditFollower(
-                self.config.audit, self.config.invariants, self.config.ghost_sweep_every_s
-            )
-            if audit_executor is None
-            else None
-        )
-        self._audit_done: list[AuditOutcome] = []
-        self._audit_pending: list[tuple[float, Future[list[AuditOutcome]]]] = []
         self._incoming_samples: queue.SimpleQueue[tuple[str, float, str, Any]] = queue.SimpleQueue()
         self.fleets: dict[str, FleetState] = {}
         self.lock = threading.RLock()
@@ -156,6 +148,7 @@ class Pipeline:
             maintain_every_s=PROGRESS_FOLD_EVERY_S,
         )
         self._applier = Applier(self.config, self._fleet)
+        self._audits = AuditHandoff(self.config, audit_executor, self._fleet, self.bound_hits)
         self._windows = WindowScheduler(store, self.config, executor, self.fleets)
 
     # -- start-up -------------------------------------------------------------------
@@ -202,8 +195,8 @@ class Pipeline:
                 self._last_applied = (ts, EVENT_ORDER[kind])
             self._forget_finished_progress()
             self._forget_finished(stream)
-            self._audit(stream)
-            decisions, audited = self._collect_audits(wait=True)
+            self._audits.submit(stream)
+            decisions, audited = self._audits.collect(wait=True)
             self.committer.submit(
                 EventBatch(), self._next_id, decisions, violations + audited, self._checkpoint()
             ).wait()
@@ -459,8 +452,8 @@ class Pipeline:
             applied += 1
         if applied:
             self._forget_finished(stream)
-        self._audit(stream)
-        decisions, audited = self._collect_audits()
+        self._audits.submit(stream)
+        decisions, audited = self._audits.collect()
         batch = batch or EventBatch()
         while not self._incoming_samples.empty():
             fleet, ts, worker, sample = self._incoming_samples.get_nowait()
@@ -491,69 +484,23 @@ class Pipeline:
         lowest = self._buffer.lowest_id()
         if lowest is not None:
             through = min(through, lowest - 1)
-        for first, _ in self._audit_pending:  # batches of learning only have no first id
-            if first != float("inf"):
-                through = min(through, int(first) - 1)
-                break
+        first = self._audits.first_pending_id()
+        if first is not None:
+            through = min(through, first - 1)
         return through
 
-    # -- the decision audit ---------------------------------------------------------
-
-    def _audit(self, stream: list[StreamItem]) -> None:
-        """Hand the applied stream to the audit follower (here, or in its process)."""
-        if not stream:
-            return
-        if self._follower is not None:
-            self._audit_done.extend(self._follower.run(stream))
-            return
-        first = next(
-            (
-                item.audit.ingest_id
-                for item in stream
-                if item.__class__ is DispatchItem and item.audit is not None  # type: ignore[attr-defined]
-            ),
-            float("inf"),
-        )
-        pending = self._audit_pending
-        pending.append((first, self.audit_executor.submit(run_in_worker, encode_stream(stream))))
-        if len(pending) > self.config.limits.max_audit_backlog:
-            # the worker fell behind: wait for its oldest batch rather than queue more
-            self.bound_hits["audit_backlog"] += 1
-            self._audit_done.extend(pending.pop(0)[1].result())
+    # -- the decision audit (see `audits.AuditHandoff`) -----------------------------
 
     @property
     def audit_backlog(self) -> int:
         """Batches handed to the audit worker whose decisions are not collected yet: a
         backlog that keeps growing means the worker cannot keep up with ingest."""
-        return len(self._audit_pending)
-
-    def _collect_audits(
-        self, wait: bool = False
-    ) -> tuple[list[tuple[int, Decision]], list[tuple[int, Violation]]]:
-        outcomes, self._audit_done = self._audit_done, []
-        while self._audit_pending and (wait or self._audit_pending[0][1].done()):
-            outcomes.extend(self._audit_pending.pop(0)[1].result())
-        decisions: list[tuple[int, Decision]] = []
-        violations: list[tuple[int, Violation]] = []
-        for outcome in outcomes:
-            decisions.extend((outcome.ingest_id, d) for d in outcome.decisions)
-            if outcome.invalid:
-                checker = self._fleet(outcome.fleet).checker
-                for policy, worker, free in outcome.invalid:
-                    made = checker.shadow_decision(
-                        outcome.decisions[0].ts,
-                        policy,
-                        outcome.decisions[0].request_id,
-                        worker,
-                        free,
-                    )
-                    violations.extend((outcome.ingest_id, v) for v in made)
-        return decisions, violations
+        return self._audits.backlog
 
     def flush_audits(self) -> None:
         """Wait for every audit in flight and store its decisions."""
         with self.lock:
-            decisions, violations = self._collect_audits(wait=True)
+            decisions, violations = self._audits.collect(wait=True)
             if decisions or violations:
                 self.committer.submit(
                     EventBatch(), self._next_id, decisions, violations, self._checkpoint()
