@@ -19,9 +19,6 @@ from shadow.events import (
     ReadyEvent,
     RouterView,
     WorkerEvent,
-    _fast_json,
-    _from_reference,
-    _reference_json,
     event_to_json,
     iter_file,
     parse_body,
@@ -30,6 +27,8 @@ from shadow.events import (
     validate_json,
     validate_python,
 )
+from shadow.events.reference import _from_reference, _reference_json
+from shadow.events.schema import _fast_json
 
 ONE_OF_EACH = [
     {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 64, "state": "draining"},

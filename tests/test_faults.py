@@ -12,6 +12,7 @@ from shadow.events import parse_ndjson
 from shadow.service.ingest.pipeline import Limits, Pipeline, PipelineConfig
 from shadow.service.store import ServiceStore
 from shadow.stream.audit import AuditFollower
+from shadow.stream.items import decode_stream
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ class SlowAuditWorker(ThreadPoolExecutor):
     def submit(self, fn, stream):
         def audit():
             time.sleep(0.02)
-            return self.follower.run(stream)
+            return self.follower.run(decode_stream(stream))
 
         return super().submit(audit)
 

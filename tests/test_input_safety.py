@@ -8,9 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from shadow import events as event_module
 from shadow.cli import app
 from shadow.events import iter_file
+from shadow.events import parse as event_module
 
 GOOD = json.dumps({"type": "worker", "ts": 1.0, "worker": "w0", "capacity": 4}) + "\n"
 

@@ -37,8 +37,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from shadow.events import EVENT_ORDER as ORDER
 from shadow.events import parse_body, parse_ndjson
-from shadow.service.ingest.pipeline import ORDER
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.service.store import ServiceStore
@@ -808,17 +808,18 @@ def test_an_absurd_output_length_is_not_learned() -> None:
 
 def test_a_follower_forgets_with_the_stream() -> None:
     from shadow.stream.fleet import FleetCore
+    from shadow.stream.items import DispatchItem, FinishItem, ForgetItem, ReadyItem, WorkerItem
 
     core = FleetCore("f")
     items = [
-        ("worker", 0.0, "f", "w0", 2, "up"),
-        ("ready", 1.0, "f", "a", 10, None),
-        ("dispatch", 2.0, "f", "a", "w0", None),
-        ("finish", 3.0, "f", "a", 5, "stop"),
-        ("forget", 50.0, "f", 40.0),
+        WorkerItem(0.0, "f", "w0", 2, "up"),
+        ReadyItem(1.0, "f", "a", 10, None),
+        DispatchItem(2.0, "f", "a", "w0", None),
+        FinishItem(3.0, "f", "a", 5, "stop"),
+        ForgetItem(50.0, "f", 40.0),
     ]
     for item in items:
-        core.apply_item(item)
+        core.apply(item)
     assert core.mirror.requests == {} and core.mirror.forgotten_before == 40.0
     assert [w.worker_id for w in core.mirror.order] == ["w0"]
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shadow.service.ingest.pipeline import _ReorderBuffer
+from shadow.service.ingest.reorder import ReorderBuffer as _ReorderBuffer
 
 # (fleet, ts, class order) of each pushed event; a release step is None
 steps = st.lists(

@@ -4,22 +4,34 @@ This is how the service gets recorded traffic with known ground truth: a replay 
 incumbent, emitted as `worker`, `ready`, `dispatch`, `progress`, `finish` and
 `engine_step` events, must fold back into exactly the loads the engine computed.
 
-Order: by time; at equal times the events of a step that just ended (`engine_step`,
-`progress`, `finish`) come before arrivals and the dispatches of the next step.
+Order: by time, then `shadow.events.EVENT_ORDER`: at equal times the events of a step
+that just ended (`engine_step`, `progress`, `finish`) come before arrivals and the
+dispatches of the next step.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from shadow.events import (
+    EVENT_ORDER,
+    DispatchEvent,
+    EngineStepEvent,
+    Event,
+    FinishEvent,
+    ProgressEvent,
+    ReadyEvent,
+    WorkerEvent,
+    event_to_json,
+)
 from shadow.policies.snapshot import NO_KEY
 from shadow.replay.engine import ReplayResult
 
-EVENT_ORDER = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4, "dispatch": 5}
 DEFAULT_PROGRESS_EVERY = 64
 
 
@@ -44,14 +56,14 @@ def _progress_points(output: np.ndarray, every: int) -> tuple[np.ndarray, np.nda
     return rows, generated
 
 
-def iter_events(
+def replay_events(
     result: ReplayResult,
     prompt_keys: np.ndarray,
     *,
     fleet: str = "default",
     progress_every: int = DEFAULT_PROGRESS_EVERY,
-) -> Iterator[dict]:
-    """Every event of one replay, in stream order, each with a `seq` from 1."""
+) -> Iterator[Event]:
+    """Every event of one replay as its struct, in stream order, each with a `seq` from 1."""
     if progress_every < 1:
         raise ValueError("progress_every must be >= 1")
     ends = result.step_end_ms / 1000.0
@@ -78,45 +90,77 @@ def iter_events(
     first = np.concatenate([c[2] for c in columns])
     second = np.concatenate([c[3] for c in columns])
     order = np.lexsort((second, first, kinds, stamps))
-    names = {code: name for name, code in EVENT_ORDER.items()}
-    load = result.worker_load
-    active = result.worker_active
-
+    build = _builders(result, prompt_keys, fleet)
     for seq, at in enumerate(order.tolist(), start=1):
-        kind = names[int(kinds[at])]
-        ts = float(stamps[at])
-        a, b = int(first[at]), int(second[at])
-        event: dict = {"type": kind, "ts": ts, "fleet": fleet, "seq": seq}
-        if kind == "engine_step":
-            event |= {
-                "worker": b,
-                "step": a,
-                "duration_ms": float(result.step_duration_ms[a]),
-                "running": int(active[a, b]),
-                "kv_tokens": int(load[a, b]),
-            }
-        elif kind == "progress":
-            event |= {"request_id": request_id(a), "generated": b}
-        elif kind == "finish":
-            event |= {
-                "request_id": request_id(a),
-                "output_tokens": int(result.output_tokens[a]),
-                "reason": "stop",
-            }
-        elif kind == "ready":
-            event |= {"request_id": request_id(a), "prompt_tokens": int(result.prompt_tokens[a])}
-            hashed = prompt_hash(int(prompt_keys[a]))
-            if hashed is not None:
-                event["prompt_hash"] = hashed
-        elif kind == "dispatch":
-            event |= {
-                "request_id": request_id(a),
-                "worker": int(result.worker[a]),
-                "policy": result.policy,
-            }
-        else:
-            event |= {"worker": a, "capacity": result.batch, "state": "up"}
-        yield event
+        yield build[int(kinds[at])](seq, float(stamps[at]), int(first[at]), int(second[at]))
+
+
+Builder = Callable[[int, float, int, int], Event]
+
+
+def _builders(result: ReplayResult, prompt_keys: np.ndarray, fleet: str) -> dict[int, Builder]:
+    """Kind (its `EVENT_ORDER` code) -> the maker of its event from (seq, ts, a, b), where
+    `a`, `b` are the two numbers its column holds (see `replay_events`)."""
+    load, active = result.worker_load, result.worker_active
+
+    def worker(seq: int, ts: float, a: int, b: int) -> Event:
+        return WorkerEvent(ts=ts, fleet=fleet, seq=seq, worker=a, capacity=result.batch, state="up")
+
+    def engine_step(seq: int, ts: float, a: int, b: int) -> Event:
+        return EngineStepEvent(
+            ts=ts, fleet=fleet, seq=seq, worker=b, step=a,
+            duration_ms=float(result.step_duration_ms[a]), running=int(active[a, b]),
+            kv_tokens=int(load[a, b]),
+        )  # fmt: skip
+
+    def progress(seq: int, ts: float, a: int, b: int) -> Event:
+        return ProgressEvent(ts=ts, fleet=fleet, seq=seq, request_id=request_id(a), generated=b)
+
+    def finish(seq: int, ts: float, a: int, b: int) -> Event:
+        return FinishEvent(
+            ts=ts, fleet=fleet, seq=seq, request_id=request_id(a),
+            output_tokens=int(result.output_tokens[a]), reason="stop",
+        )  # fmt: skip
+
+    def ready(seq: int, ts: float, a: int, b: int) -> Event:
+        return ReadyEvent(
+            ts=ts, fleet=fleet, seq=seq, request_id=request_id(a),
+            prompt_tokens=int(result.prompt_tokens[a]),
+            prompt_hash=prompt_hash(int(prompt_keys[a])),
+        )  # fmt: skip
+
+    def dispatch(seq: int, ts: float, a: int, b: int) -> Event:
+        return DispatchEvent(
+            ts=ts, fleet=fleet, seq=seq, request_id=request_id(a), worker=int(result.worker[a]),
+            policy=result.policy,
+        )  # fmt: skip
+
+    makers = {"worker": worker, "engine_step": engine_step, "progress": progress,
+              "finish": finish, "ready": ready, "dispatch": dispatch}  # fmt: skip
+    return {EVENT_ORDER[kind]: make for kind, make in makers.items()}
+
+
+def as_written(event: Event) -> dict[str, Any]:
+    """The JSON form a replay's events have always had in its files: `event_to_json`
+    without the one `source` (never named) and with the workers as the JSON integers the
+    replay numbers them by (the structs hold ids as text)."""
+    data = event_to_json(event)
+    del data["source"]
+    if "worker" in data:
+        data["worker"] = int(data["worker"])
+    return data
+
+
+def iter_events(
+    result: ReplayResult,
+    prompt_keys: np.ndarray,
+    *,
+    fleet: str = "default",
+    progress_every: int = DEFAULT_PROGRESS_EVERY,
+) -> Iterator[dict]:
+    """Every event of one replay in its written JSON form (`as_written`), in stream order."""
+    for event in replay_events(result, prompt_keys, fleet=fleet, progress_every=progress_every):
+        yield as_written(event)
 
 
 def write_events(

@@ -24,6 +24,7 @@ import pyarrow as pa
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
+from shadow.events import EVENT_ORDER
 from shadow.storage import open_database
 from shadow.storage.database import duck_connection
 from shadow.stream.audit import Decision
@@ -449,8 +450,7 @@ class ServiceStore:
         Lifecycle events and engine steps merge by time with the stream's class order at
         equal times; each request's latest progress comes at its own time.
         """
-        order = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4,
-                 "dispatch": 5}  # fmt: skip
+        order = EVENT_ORDER
         queries = {
             "events": f"SELECT {', '.join(LIFECYCLE_COLUMNS)} FROM events",
             "engine_steps": f"SELECT {', '.join(STEP_COLUMNS)} FROM engine_steps",

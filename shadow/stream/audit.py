@@ -9,7 +9,7 @@ fleet's completed requests).
 The audit runs in an `AuditFollower`: it follows the applied event stream with its own
 replica of the mirror (through the same `FleetCore` as the ingest path) and audits the
 dispatches it is told to, on the replica frozen just before each. So it can run in a
-worker process beside the ingest process: what crosses is compact event tuples one way
+worker process beside the ingest process: what crosses is the stream's items one way
 and decisions the other, never snapshots.
 """
 
@@ -34,8 +34,9 @@ from shadow.policies import (
 )
 from shadow.policies.snapshot import NO_KEY
 from shadow.predict.predictors import SurvivalPredictor
-from shadow.stream.fleet import FleetCore, StreamItem
+from shadow.stream.fleet import FleetCore
 from shadow.stream.invariants import InvariantConfig
+from shadow.stream.items import DispatchItem, StreamItem, decode_stream
 
 DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
 
@@ -256,23 +257,27 @@ class AuditFollower:
     def run(self, stream: Sequence[StreamItem]) -> list[AuditOutcome]:
         outcomes = []
         for item in stream:
-            core, auditor = self._fleet(item[2])
-            if item[0] == "dispatch" and item[5] is not None:
-                ingest_id, policy, view = item[5]
-                mirror = core.mirror
-                request = mirror.requests.get(item[3])
-                outcomes.append(
-                    auditor.audit(
-                        AuditJob(
-                            ingest_id, item[2], item[1], item[3],
-                            request.prompt_tokens if request is not None else 0,
-                            request.prompt_key if request is not None else int(NO_KEY),
-                            item[4], policy, view, mirror.snapshot(),
-                        )
-                    )
-                )  # fmt: skip
-            core.apply_item(item)
+            core, auditor = self._fleet(item.fleet)
+            if item.__class__ is DispatchItem and item.audit is not None:  # type: ignore[attr-defined]
+                outcomes.append(self._audit(core, auditor, item))  # type: ignore[arg-type]
+            core.apply(item)
         return outcomes
+
+    @staticmethod
+    def _audit(core: FleetCore, auditor: Auditor, item: DispatchItem) -> AuditOutcome:
+        """Audit one dispatch on the replica as it is just before the dispatch applies."""
+        audit = item.audit
+        assert audit is not None
+        mirror = core.mirror
+        request = mirror.requests.get(item.request_id)
+        return auditor.audit(
+            AuditJob(
+                audit.ingest_id, item.fleet, item.ts, item.request_id,
+                request.prompt_tokens if request is not None else 0,
+                request.prompt_key if request is not None else int(NO_KEY),
+                item.worker, audit.policy, audit.router_view, mirror.snapshot(),
+            )
+        )  # fmt: skip
 
 
 #: The follower of a worker process (set by `start_worker`).
@@ -287,6 +292,7 @@ def start_worker(
     _WORKER = AuditFollower(config, invariants, sweep_every_s)
 
 
-def run_in_worker(stream: Sequence[StreamItem]) -> list[AuditOutcome]:
+def run_in_worker(stream: bytes) -> list[AuditOutcome]:
+    """Audit one batch of the stream, as `encode_stream` sent it, in the worker process."""
     assert _WORKER is not None, "start_worker was not run in this process"
-    return _WORKER.run(stream)
+    return _WORKER.run(decode_stream(stream))

@@ -2,24 +2,28 @@
 
 The ingest pipeline and the audit follower (which keeps a replica of the mirror in a
 worker process) both apply the stream through this class, so their mirrors stay equal
-event for event, ghost releases included.
-
-`StreamItem`s are the compact form of applied events that cross to the follower:
-`(kind, ts, fleet, ...)` with, per kind,
-`worker: worker, capacity, state`; `ready: request_id, prompt_tokens, prompt_hash`;
-`dispatch: request_id, worker, audit` (audit is None or `(ingest_id, policy, router_view)`);
-`progress: request_id, generated`; `finish: request_id, output_tokens, reason`;
-`engine_step: worker, step, running, duration_ms`; `forget: before_ts` (`FleetCore.forget`).
+event for event, ghost releases included: the pipeline calls the per-kind methods with
+the parsed event's fields, the follower hands over the `StreamItem`s the pipeline made
+of them (`apply`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from shadow.stream.invariants import InvariantChecker, InvariantConfig, Violation
+from shadow.stream.items import (
+    DispatchItem,
+    EngineStepItem,
+    FinishItem,
+    ForgetItem,
+    ProgressItem,
+    ReadyItem,
+    StreamItem,
+    WorkerItem,
+)
 from shadow.stream.mirror import Completed, FleetMirror, RequestState, StepView
-
-StreamItem = tuple[Any, ...]
 
 
 class FleetCore:
@@ -33,6 +37,18 @@ class FleetCore:
         self.checker = InvariantChecker(fleet, invariants)
         self.sweep_every_s = sweep_every_s
         self._next_sweep = 0.0
+        #: item kind -> how it is applied: the one dispatch of the follower's path
+        self._by_kind: dict[type[StreamItem], Callable[[Any], object]] = {
+            WorkerItem: lambda i: self.worker(i.ts, i.worker, i.capacity, i.state),
+            ReadyItem: lambda i: self.ready(i.ts, i.request_id, i.prompt_tokens, i.prompt_hash),
+            DispatchItem: lambda i: self.dispatch(i.ts, i.request_id, i.worker),
+            ProgressItem: lambda i: self.progress(i.ts, i.request_id, i.generated),
+            FinishItem: lambda i: self.finish(i.ts, i.request_id, i.output_tokens, i.reason),
+            EngineStepItem: lambda i: self.engine_step(
+                i.ts, i.worker, i.step, i.running, i.duration_ms
+            ),
+            ForgetItem: lambda i: self.forget(i.before_ts),
+        }
 
     def worker(self, ts: float, worker: str, capacity: int, state: str) -> list[Violation]:
         self.mirror.apply_worker(ts, worker, capacity, state)
@@ -73,7 +89,7 @@ class FleetCore:
 
     def forget(self, before_ts: float) -> int:
         """Drop requests finished before `before_ts` (`FleetMirror.forget_finished`); the
-        owner sends `("forget", ts, fleet, before_ts)` down the stream too, so that a
+        owner sends a `ForgetItem` down the stream too, so that a
         follower's replica forgets at the same point."""
         self.checker.forget(before_ts)
         return self.mirror.forget_finished(before_ts)
@@ -84,20 +100,6 @@ class FleetCore:
         self._next_sweep = ts + self.sweep_every_s
         return self.checker.sweep_ghosts(self.mirror)
 
-    def apply_item(self, item: StreamItem) -> None:
-        """Apply one compact stream item (the follower's path)."""
-        kind, ts = item[0], item[1]
-        if kind == "engine_step":
-            self.engine_step(ts, item[3], item[4], item[5], item[6])
-        elif kind == "progress":
-            self.progress(ts, item[3], item[4])
-        elif kind == "dispatch":
-            self.dispatch(ts, item[3], item[4])
-        elif kind == "finish":
-            self.finish(ts, item[3], item[4], item[5])
-        elif kind == "ready":
-            self.ready(ts, item[3], item[4], item[5])
-        elif kind == "forget":
-            self.forget(item[3])
-        else:
-            self.worker(ts, item[3], item[4], item[5])
+    def apply(self, item: StreamItem) -> None:
+        """Apply one stream item (the follower's path), by its kind."""
+        self._by_kind[item.__class__](item)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shadow.events import STEP_END_KINDS
 from shadow.policies import ActiveSet, BalanceRouteConfig, make_aa_policy, make_policy
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.replay import InitialRequest, replay
@@ -284,7 +285,7 @@ class WindowTracker:
             self._open(ts)
             return
         if self._pending_cut is not None:
-            same_step = ts == self._pending_cut and kind in ("engine_step", "progress", "finish")
+            same_step = ts == self._pending_cut and kind in STEP_END_KINDS
             if not same_step:
                 self._open(self._pending_cut)
                 self._pending_cut = None

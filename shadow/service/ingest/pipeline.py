@@ -14,40 +14,35 @@ decisions and violations of events after the checkpoint.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
-import math
 import queue
 import threading
-from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from operator import itemgetter
-from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-from msgspec.structs import asdict as struct_fields
-
-from shadow.analysis.stepmodel import StepModelFit, fit_step_model
-from shadow.events import EventError, RouterView
+from shadow.events import EVENT_ORDER, EventError
 from shadow.replay.workload import StepModel
+from shadow.service.ingest.apply import Applier, FleetState
+from shadow.service.ingest.audits import AuditHandoff
 from shadow.service.ingest.committer import CommitJob, GroupCommitter
+from shadow.service.ingest.reorder import Entry, ReorderBuffer
+from shadow.service.ingest.rows import lifecycle_row, stored_event
 from shadow.service.ingest.seen import RecentInts
+from shadow.service.ingest.windows import WindowScheduler
 from shadow.service.store import EventBatch, ServiceStore
-from shadow.stream.audit import AuditConfig, AuditFollower, AuditOutcome, Decision, run_in_worker
-from shadow.stream.fleet import FleetCore, StreamItem
+from shadow.stream.audit import AuditConfig
 from shadow.stream.invariants import InvariantConfig, Violation
-from shadow.stream.mirror import NATURAL_FINISH
-from shadow.stream.windows import WindowConfig, WindowResult, WindowTracker, evaluate_window
+from shadow.stream.items import ForgetItem, StreamItem
+from shadow.stream.windows import WindowConfig, WindowResult
+
+__all__ = ["BOUNDS", "FleetState", "IngestResult", "Limits", "Pipeline", "PipelineConfig"]
 
 log = logging.getLogger(__name__)
-ORDER = {"worker": 0, "engine_step": 1, "progress": 2, "finish": 3, "ready": 4, "dispatch": 5}
 MAX_PENDING_SAMPLES = 1000
-STEP_SAMPLES_KEPT = 50_000  # the last ~6,000 steps of an 8-worker fleet
 #: how often the progress log is folded into `progress_latest` (see migration 0008)
 PROGRESS_FOLD_EVERY_S = 5.0
 
@@ -110,86 +105,6 @@ class IngestResult:
         }
 
 
-_INGEST_ID = itemgetter(2)
-
-
-class _ReorderBuffer:
-    """Events waiting for their turn, released in `(ts, class order, ingest_id)` order.
-
-    Each fleet's stream is nearly always in order, while fleets interleave: an entry that
-    sorts after its fleet's last one is appended to that fleet's run (sorted), a
-    straggler goes to a heap. A release cuts each run at `upto` (a bisection), takes
-    the heap's entries up to it and sorts the lot once: a merge of a few sorted runs,
-    in C. (One run for all fleets sent most entries of interleaved fleets to the heap:
-    two log-n heap operations each.)
-    Entries compare whole: ingest ids are unique, so a comparison never reaches the event.
-    """
-
-    def __init__(self) -> None:
-        self._runs: dict[str, list[tuple[float, int, int, Any]]] = {}
-        self._late: list[tuple[float, int, int, Any]] = []
-
-    def __len__(self) -> int:
-        return sum(map(len, self._runs.values())) + len(self._late)
-
-    def push(self, entry: tuple[float, int, int, Any]) -> None:
-        fleet = entry[3].fleet
-        run = self._runs.get(fleet)
-        if run is None:
-            run = self._runs[fleet] = []
-        if not run or entry > run[-1]:
-            run.append(entry)
-        else:
-            heapq.heappush(self._late, entry)
-
-    def pop_until(self, upto: float) -> list[tuple[float, int, int, Any]]:
-        """Remove and return, in order, every entry with a time up to `upto`."""
-        released: list[tuple[float, int, int, Any]] = []
-        cut = (upto, math.inf)  # after every entry at `upto`, before any later one
-        for run in self._runs.values():
-            if run and run[0][0] <= upto:
-                end = bisect_right(run, cut)
-                released += run[:end]
-                del run[:end]
-        late = self._late
-        while late and late[0][0] <= upto:
-            released.append(heapq.heappop(late))
-        released.sort()
-        return released
-
-    def lowest_id(self) -> int | None:
-        ids = [min(map(_INGEST_ID, run)) for run in self._runs.values() if run]
-        if self._late:
-            ids.append(min(map(_INGEST_ID, self._late)))
-        return min(ids) if ids else None
-
-
-class FleetState:
-    """Everything the service knows of one fleet."""
-
-    def __init__(self, fleet: str, config: PipelineConfig) -> None:
-        self.fleet = fleet
-        self.core = FleetCore(fleet, config.invariants, config.ghost_sweep_every_s)
-        self.mirror = self.core.mirror
-        self.checker = self.core.checker
-        self.tracker = WindowTracker(fleet, self.mirror, config.windows)
-        #: recent (step, kv, ms, ts) per worker step for the step-model fit; bounded, as
-        #: the fit wants the fleet as it is now
-        self.step_samples: deque[tuple[int, int, float, float]] = deque(maxlen=STEP_SAMPLES_KEPT)
-        self.fit: StepModelFit | None = None
-        #: engine steps where the mirror's load or active count differed from the engine's
-        self.state_mismatches = 0
-        self.engine_steps = 0
-        self.late_events = 0
-        self.window_failures = 0
-        self.incumbent = "jsq"
-        self.stored_windows: set[int] = set()
-        #: engine scrapes waiting for the mirror to reach their time: (ts, worker, sample)
-        self.pending_samples: list[tuple[float, str, Any]] = []
-        #: per worker: (ts of the last scrape, engine running, mirror active then)
-        self.last_sample: dict[str, tuple[float, float, int]] = {}
-
-
 class Pipeline:
     """One service instance's ingest path over one DuckDB file."""
 
@@ -207,27 +122,16 @@ class Pipeline:
         self.config = config or PipelineConfig()
         self.executor = executor
         self.audit_executor = audit_executor
-        self._follower = (
-            AuditFollower(
-                self.config.audit, self.config.invariants, self.config.ghost_sweep_every_s
-            )
-            if audit_executor is None
-            else None
-        )
-        self._audit_done: list[AuditOutcome] = []
-        self._audit_pending: list[tuple[float, Future[list[AuditOutcome]]]] = []
         self._incoming_samples: queue.SimpleQueue[tuple[str, float, str, Any]] = queue.SimpleQueue()
         self.fleets: dict[str, FleetState] = {}
         self.lock = threading.RLock()
-        self._buffer = _ReorderBuffer()
+        self._buffer = ReorderBuffer()
         self._max_ts = float("-inf")
         self._last_applied: tuple[float, int] = (float("-inf"), -1)
         self._next_id = 1
         self._seqs: dict[tuple[str, str], RecentInts] = {}
         self._steps_seen: dict[tuple[str, str], RecentInts] = {}
         self._progress_seen: dict[tuple[str, str], int] = {}
-        self._pending_windows: list[tuple[FleetState, Future[WindowResult]]] = []
-        self.windows_evaluated = 0
         #: (fleet, event type, accepted|duplicate) -> events, for /metrics
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self.rejected = 0
@@ -246,8 +150,9 @@ class Pipeline:
             maintain=store.compact_progress,
             maintain_every_s=PROGRESS_FOLD_EVERY_S,
         )
-        #: called with (fleet state, window result) after each stored window (the modes)
-        self.on_window: Callable[[FleetState, WindowResult], None] | None = None
+        self._applier = Applier(self.config, self._fleet)
+        self._audits = AuditHandoff(self.config, audit_executor, self._fleet, self.bound_hits)
+        self._windows = WindowScheduler(store, self.config, executor, self.fleets)
 
     # -- start-up -------------------------------------------------------------------
 
@@ -273,7 +178,7 @@ class Pipeline:
             # goes back into it: a straggler that comes now must still sort before it.
             hold_after = (stored[-1][0] if stored else 0.0) - self.config.reorder_window_s
             for ts, _, ingest_id, kind, fields in stored:
-                event = _stored_event(kind, fields)
+                event = stored_event(kind, fields)
                 if kind == "engine_step":
                     self._steps_memory(event.fleet, event.worker).add(event.step)
                 elif kind == "progress":
@@ -286,15 +191,15 @@ class Pipeline:
                 self._max_ts = max(self._max_ts, ts)
                 count += 1
                 if ingest_id > applied_through and ts > hold_after:
-                    self._buffer.push((ts, ORDER[kind], ingest_id, event))
+                    self._buffer.push((ts, EVENT_ORDER[kind], ingest_id, event))
                     continue
                 derive = ingest_id > applied_through
-                self._apply(event, ingest_id, violations, stream, derive=derive)
-                self._last_applied = (ts, ORDER[kind])
+                self._applier.apply(event, ingest_id, violations, stream, derive=derive)
+                self._last_applied = (ts, EVENT_ORDER[kind])
             self._forget_finished_progress()
             self._forget_finished(stream)
-            self._audit(stream)
-            decisions, audited = self._collect_audits(wait=True)
+            self._audits.submit(stream)
+            decisions, audited = self._audits.collect(wait=True)
             self.committer.submit(
                 EventBatch(), self._next_id, decisions, violations + audited, self._checkpoint()
             ).wait()
@@ -353,7 +258,7 @@ class Pipeline:
                 )
             try:
                 batch = EventBatch()
-                fresh: list[tuple[float, int, int, Any]] = []
+                fresh: list[Entry] = []
                 next_id = self._next_id
                 # Per event, this loop is the service's hottest Python: the checks that
                 # rarely apply (bounds) are skipped by kind, attributes are read once, and
@@ -427,10 +332,10 @@ class Pipeline:
                             seen_progress[key] = event.generated
                             progress[key] = (*key, event.generated, event.ts, ingest_id)
                     else:
-                        lifecycle.append(_lifecycle_row(ingest_id, event))
+                        lifecycle.append(lifecycle_row(ingest_id, event))
                         if kind == "finish":
                             self._finished_progress.append((event.ts, (fleet, event.request_id)))
-                    fresh.append((event.ts, ORDER[kind], ingest_id, event))
+                    fresh.append((event.ts, EVENT_ORDER[kind], ingest_id, event))
                     if fleet != tally_fleet:
                         tally_fleet = fleet
                         tally = accepted.setdefault(fleet, Counter())
@@ -507,7 +412,7 @@ class Pipeline:
             if before > state.mirror.forgotten_before:
                 state.core.forget(before)
                 if self.config.audit_enabled:
-                    stream.append(("forget", state.mirror.now, state.fleet, before))
+                    stream.append(ForgetItem(state.mirror.now, state.fleet, before))
 
     def _is_new(self, event: Any, kind: str, memory: RecentInts | None) -> bool:
         """Whether an event not seen by its seq (`memory` holds its source's seqs, None
@@ -546,12 +451,12 @@ class Pipeline:
                 self._fleet(event.fleet).late_events += 1
             else:
                 self._last_applied = (ts, order)
-            self._apply(event, ingest_id, violations, stream, derive=True)
+            self._applier.apply(event, ingest_id, violations, stream, derive=True)
             applied += 1
         if applied:
             self._forget_finished(stream)
-        self._audit(stream)
-        decisions, audited = self._collect_audits()
+        self._audits.submit(stream)
+        decisions, audited = self._audits.collect()
         batch = batch or EventBatch()
         while not self._incoming_samples.empty():
             fleet, ts, worker, sample = self._incoming_samples.get_nowait()
@@ -569,7 +474,7 @@ class Pipeline:
                 batch, self._next_id, decisions, violations + audited, self._checkpoint()
             )
         if applied and self.config.windows_enabled:
-            self._schedule_windows()
+            self._windows.schedule()
         return job
 
     def _wait(self, job: CommitJob | None) -> None:
@@ -582,65 +487,23 @@ class Pipeline:
         lowest = self._buffer.lowest_id()
         if lowest is not None:
             through = min(through, lowest - 1)
-        for first, _ in self._audit_pending:  # batches of learning only have no first id
-            if first != float("inf"):
-                through = min(through, int(first) - 1)
-                break
+        first = self._audits.first_pending_id()
+        if first is not None:
+            through = min(through, first - 1)
         return through
 
-    # -- the decision audit ---------------------------------------------------------
-
-    def _audit(self, stream: list[StreamItem]) -> None:
-        """Hand the applied stream to the audit follower (here, or in its process)."""
-        if not stream:
-            return
-        if self._follower is not None:
-            self._audit_done.extend(self._follower.run(stream))
-            return
-        first = next(
-            (item[5][0] for item in stream if item[0] == "dispatch" and item[5] is not None),
-            float("inf"),
-        )
-        pending = self._audit_pending
-        pending.append((first, self.audit_executor.submit(run_in_worker, stream)))
-        if len(pending) > self.config.limits.max_audit_backlog:
-            # the worker fell behind: wait for its oldest batch rather than queue more
-            self.bound_hits["audit_backlog"] += 1
-            self._audit_done.extend(pending.pop(0)[1].result())
+    # -- the decision audit (see `audits.AuditHandoff`) -----------------------------
 
     @property
     def audit_backlog(self) -> int:
         """Batches handed to the audit worker whose decisions are not collected yet: a
         backlog that keeps growing means the worker cannot keep up with ingest."""
-        return len(self._audit_pending)
-
-    def _collect_audits(
-        self, wait: bool = False
-    ) -> tuple[list[tuple[int, Decision]], list[tuple[int, Violation]]]:
-        outcomes, self._audit_done = self._audit_done, []
-        while self._audit_pending and (wait or self._audit_pending[0][1].done()):
-            outcomes.extend(self._audit_pending.pop(0)[1].result())
-        decisions: list[tuple[int, Decision]] = []
-        violations: list[tuple[int, Violation]] = []
-        for outcome in outcomes:
-            decisions.extend((outcome.ingest_id, d) for d in outcome.decisions)
-            if outcome.invalid:
-                checker = self._fleet(outcome.fleet).checker
-                for policy, worker, free in outcome.invalid:
-                    made = checker.shadow_decision(
-                        outcome.decisions[0].ts,
-                        policy,
-                        outcome.decisions[0].request_id,
-                        worker,
-                        free,
-                    )
-                    violations.extend((outcome.ingest_id, v) for v in made)
-        return decisions, violations
+        return self._audits.backlog
 
     def flush_audits(self) -> None:
         """Wait for every audit in flight and store its decisions."""
         with self.lock:
-            decisions, violations = self._collect_audits(wait=True)
+            decisions, violations = self._audits.collect(wait=True)
             if decisions or violations:
                 self.committer.submit(
                     EventBatch(), self._next_id, decisions, violations, self._checkpoint()
@@ -651,94 +514,6 @@ class Pipeline:
         if state is None:
             state = self.fleets[fleet] = FleetState(fleet, self.config)
         return state
-
-    def _apply(
-        self,
-        event: Any,
-        ingest_id: int,
-        violations: list[tuple[int, Violation]],
-        stream: list[StreamItem],
-        *,
-        derive: bool,
-    ) -> None:
-        state = self._fleet(event.fleet)
-        core, mirror = state.core, state.mirror
-        kind, ts, fleet = event.type, event.ts, event.fleet
-        windows = self.config.windows_enabled
-        audit = self.config.audit_enabled
-        tracker = state.tracker
-        if windows:
-            tracker.before_event(kind, ts)
-        if kind == "engine_step":
-            found, view = core.engine_step(
-                ts, event.worker, event.step, event.running, event.duration_ms
-            )
-            if view is not None:
-                kv = event.kv_tokens if event.kv_tokens is not None else view.kv_tokens
-                if view.running != event.running or kv != view.kv_tokens:
-                    state.state_mismatches += 1
-                state.engine_steps += 1
-                state.step_samples.append((event.step, kv, event.duration_ms, ts))
-                if windows:
-                    tracker.on_engine_step(
-                        ts, event.worker, event.step, event.duration_ms, event.running, kv
-                    )
-            if audit:
-                stream.append(
-                    (kind, ts, fleet, event.worker, event.step, event.running, event.duration_ms)
-                )
-        elif kind == "progress":
-            found = core.progress(ts, event.request_id, event.generated)
-            if windows:
-                info = tracker.requests.get(event.request_id)
-                if info is not None and event.generated > info.progress:
-                    info.progress = event.generated
-            if audit:
-                stream.append((kind, ts, fleet, event.request_id, event.generated))
-        elif kind == "dispatch":
-            if audit:
-                request = mirror.requests.get(event.request_id)
-                first = (request is None and not mirror.is_stale(ts, event.request_id)) or (
-                    request is not None and request.worker is None and not request.finished
-                )
-                audited = None
-                if derive and first and event.worker in mirror.workers:
-                    view = event.router_view
-                    if view is not None:
-                        view = {
-                            k: struct_fields(v) if isinstance(v, RouterView) else v
-                            for k, v in view.items()
-                        }
-                    audited = (ingest_id, event.policy, view)
-                stream.append((kind, ts, fleet, event.request_id, event.worker, audited))
-            found = core.dispatch(ts, event.request_id, event.worker)
-            if windows:
-                tracker.on_dispatch(ts, event.request_id)
-            if event.policy and event.policy != "unknown":
-                state.incumbent = event.policy
-        elif kind == "finish":
-            found, done = core.finish(ts, event.request_id, event.output_tokens, event.reason)
-            if done is not None and windows:
-                natural = event.reason in NATURAL_FINISH
-                tracker.on_finish(ts, event.request_id, event.output_tokens, natural)
-            if audit:
-                stream.append(
-                    (kind, ts, fleet, event.request_id, event.output_tokens, event.reason)
-                )
-        elif kind == "ready":
-            found, ready = core.ready(ts, event.request_id, event.prompt_tokens, event.prompt_hash)
-            if ready is not None and windows:
-                tracker.on_ready(ts, event.request_id)
-            if audit:
-                stream.append(
-                    (kind, ts, fleet, event.request_id, event.prompt_tokens, event.prompt_hash)
-                )
-        else:
-            found = core.worker(ts, event.worker, event.capacity, event.state)
-            if audit:
-                stream.append((kind, ts, fleet, event.worker, event.capacity, event.state))
-        if derive and found:
-            violations.extend((ingest_id, v) for v in found)
 
     # -- engine scrapes -------------------------------------------------------------
 
@@ -764,92 +539,28 @@ class Pipeline:
             found = state.checker.on_engine_sample(state.mirror, ts, worker, sample.running)
             violations.extend((self._next_id - 1, v) for v in found)
 
-    # -- windows and the step model --------------------------------------------------
+    # -- windows (see `windows.WindowScheduler`) -----------------------------------
+
+    @property
+    def on_window(self) -> Callable[[FleetState, WindowResult], None] | None:
+        """Called with (fleet state, window result) after each stored window (the modes)."""
+        return self._windows.on_window
+
+    @on_window.setter
+    def on_window(self, callback: Callable[[FleetState, WindowResult], None] | None) -> None:
+        self._windows.on_window = callback
+
+    @property
+    def windows_evaluated(self) -> int:
+        return self._windows.windows_evaluated
 
     def step_model(self, state: FleetState) -> tuple[StepModel, bool]:
         """The fleet's calibrated step model, refitted from its engine steps."""
-        samples = state.step_samples
-        if not samples:
-            return self.config.default_step_model, False
-        array = np.array(samples, dtype=np.float64)
-        steps = array[:, 0].astype(np.int64)
-        order = np.argsort(steps, kind="stable")
-        steps, array = steps[order], array[order]
-        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-        max_kv = np.maximum.reduceat(array[:, 1], starts)
-        duration = np.maximum.reduceat(array[:, 2], starts)
-        ts = np.maximum.reduceat(array[:, 3], starts)
-        fit = fit_step_model(
-            max_kv, duration, ts=ts, min_samples=self.config.step_fit_min_samples,
-            default=self.config.default_step_model,
-        )  # fmt: skip
-        state.fit = fit
-        self.store.save_fit(state.fleet, state.mirror.now, fit)
-        return fit.as_step_model(), not fit.fallback
-
-    def _schedule_windows(self, *, close: bool = False) -> None:
-        for state in self.fleets.values():
-            tracker = state.tracker
-            if close and tracker.current is not None and tracker.current.t_end is None:
-                tracker.close(state.mirror.now)
-            due = tracker.due(state.mirror.now)
-            if not due:
-                continue
-            fresh = [i for i in due if i not in state.stored_windows]
-            for index in due:
-                if index in state.stored_windows:
-                    tracker.discard(index)
-            if not fresh:
-                continue
-            model, fitted = self.step_model(state)
-            for index in fresh:
-                spec = tracker.spec(index, model)
-                if self.executor is None:
-                    try:
-                        result = evaluate_window(spec)
-                    except Exception:
-                        self._window_failed(state, index)
-                    else:
-                        self._store_window(state, result, fitted)
-                else:
-                    future = self.executor.submit(evaluate_window, spec)
-                    future.fitted = fitted  # type: ignore[attr-defined]
-                    future.index = index  # type: ignore[attr-defined]
-                    self._pending_windows.append((state, future))
-        self.collect_windows()
+        return self._windows.step_model(state)
 
     def collect_windows(self, wait: bool = False) -> int:
         """Store finished window evaluations (all of them with `wait`)."""
-        stored = 0
-        keep = []
-        for state, future in self._pending_windows:
-            if wait or future.done():
-                try:
-                    result = future.result()
-                except Exception:
-                    self._window_failed(state, future.index)  # type: ignore[attr-defined]
-                else:
-                    self._store_window(state, result, future.fitted)  # type: ignore[attr-defined]
-                    stored += 1
-            else:
-                keep.append((state, future))
-        self._pending_windows = keep
-        return stored
-
-    def _window_failed(self, state: FleetState, index: int) -> None:
-        """A window that cannot be replayed is logged and counted; ingest goes on."""
-        state.window_failures += 1
-        log.exception("fleet %s: window %d could not be replayed", state.fleet, index)
-
-    def _store_window(self, state: FleetState, result: WindowResult, fitted: bool) -> None:
-        self.store.save_window(result, fitted)
-        state.stored_windows.add(result.index)
-        self.windows_evaluated += 1
-        if self.on_window is not None:
-            try:
-                self.on_window(state, result)
-            except Exception:
-                log.exception("fleet %s: judging window %d failed", state.fleet, result.index)
+        return self._windows.collect(wait)
 
     def close_idle_windows(self) -> None:
         """End the open window of every fleet with nothing running or waiting: a quiet
@@ -860,7 +571,7 @@ class Pipeline:
                 if not mirror.pool and not any(w.active for w in mirror.order):
                     state.tracker.close(mirror.now)
             if self.config.windows_enabled:
-                self._schedule_windows()
+                self._windows.schedule()
 
     def finish(self) -> None:
         """End of input: apply everything, close the open windows, evaluate what is due."""
@@ -868,36 +579,5 @@ class Pipeline:
             self._wait(self._release(float("inf")))
             self.flush_audits()
             if self.config.windows_enabled:
-                self._schedule_windows(close=True)
-                self.collect_windows(wait=True)
-
-
-def _lifecycle_row(ingest_id: int, event: Any) -> tuple:
-    kind = event.type
-
-    def get(name: str) -> Any:
-        return getattr(event, name, None)  # events have slots: only their kind's fields
-
-    view = get("router_view")
-    if view is not None:
-        view = json.dumps(
-            {k: {f: x for f, x in struct_fields(v).items() if x is not None}
-             if isinstance(v, RouterView) else v
-             for k, v in view.items()},
-            separators=(",", ":"),
-        )  # fmt: skip
-    return (
-        ingest_id, event.fleet, event.source, event.seq, kind, event.ts, get("request_id"),
-        get("worker"), get("prompt_tokens"), get("prompt_hash"), get("max_tokens"),
-        get("policy"), view, get("output_tokens"), get("reason"), get("capacity"),
-        get("state"),
-    )  # fmt: skip
-
-
-def _stored_event(kind: str, fields: dict[str, Any]) -> Any:
-    """A stored row as an event-like object for the apply path."""
-    event = SimpleNamespace(**fields)
-    event.type = kind
-    if kind == "dispatch":
-        event.router_view = json.loads(fields["router_view"]) if fields.get("router_view") else None
-    return event
+                self._windows.schedule(close=True)
+                self._windows.collect(wait=True)

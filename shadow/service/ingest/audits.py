@@ -1,0 +1,109 @@
+"""The audit hand-off: the applied stream goes to the audit follower (in this process, or
+in its worker process as msgpack), and its decisions come back to be stored.
+
+The backlog of batches in the worker is bounded (`Limits.max_audit_backlog`): past it,
+ingest waits for the oldest batch, so the audit's memory and lag stay bounded when it
+falls behind.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING
+
+from shadow.service.ingest.apply import FleetState
+from shadow.stream.audit import AuditFollower, AuditOutcome, Decision, run_in_worker
+from shadow.stream.invariants import Violation
+from shadow.stream.items import DispatchItem, StreamItem, encode_stream
+
+if TYPE_CHECKING:
+    from shadow.service.ingest.pipeline import PipelineConfig
+
+
+class AuditHandoff:
+    """Hands batches of the stream to the follower and collects what it decided."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        executor: Executor | None,
+        fleet: Callable[[str], FleetState],
+        bound_hits: Counter[str],
+    ) -> None:
+        """Without `executor` the follower runs inline; `fleet` gives a fleet's state (its
+        invariant checker words a shadow choice of a full worker)."""
+        self.config = config
+        self.executor = executor
+        self._fleet = fleet
+        self._bound_hits = bound_hits
+        self._follower = (
+            AuditFollower(config.audit, config.invariants, config.ghost_sweep_every_s)
+            if executor is None
+            else None
+        )
+        self._done: list[AuditOutcome] = []
+        #: (first audited ingest id or inf, the worker's answer), oldest first
+        self._pending: list[tuple[float, Future[list[AuditOutcome]]]] = []
+
+    def submit(self, stream: list[StreamItem]) -> None:
+        """Hand the applied stream to the audit follower (here, or in its process)."""
+        if not stream:
+            return
+        if self._follower is not None:
+            self._done.extend(self._follower.run(stream))
+            return
+        assert self.executor is not None
+        first = next(
+            (
+                item.audit.ingest_id
+                for item in stream
+                if item.__class__ is DispatchItem and item.audit is not None  # type: ignore[attr-defined]
+            ),
+            float("inf"),
+        )
+        pending = self._pending
+        pending.append((first, self.executor.submit(run_in_worker, encode_stream(stream))))
+        if len(pending) > self.config.limits.max_audit_backlog:
+            # the worker fell behind: wait for its oldest batch rather than queue more
+            self._bound_hits["audit_backlog"] += 1
+            self._done.extend(pending.pop(0)[1].result())
+
+    @property
+    def backlog(self) -> int:
+        """Batches handed to the audit worker whose decisions are not collected yet."""
+        return len(self._pending)
+
+    def first_pending_id(self) -> int | None:
+        """The first ingest id of the oldest batch still being audited (batches of
+        learning only have none): the checkpoint stays before it."""
+        for first, _ in self._pending:
+            if first != float("inf"):
+                return int(first)
+        return None
+
+    def collect(
+        self, wait: bool = False
+    ) -> tuple[list[tuple[int, Decision]], list[tuple[int, Violation]]]:
+        """The decisions audited so far (all in flight with `wait`), and the violations
+        of shadow choices of a worker with no room."""
+        outcomes, self._done = self._done, []
+        while self._pending and (wait or self._pending[0][1].done()):
+            outcomes.extend(self._pending.pop(0)[1].result())
+        decisions: list[tuple[int, Decision]] = []
+        violations: list[tuple[int, Violation]] = []
+        for outcome in outcomes:
+            decisions.extend((outcome.ingest_id, d) for d in outcome.decisions)
+            if outcome.invalid:
+                checker = self._fleet(outcome.fleet).checker
+                for policy, worker, free in outcome.invalid:
+                    made = checker.shadow_decision(
+                        outcome.decisions[0].ts,
+                        policy,
+                        outcome.decisions[0].request_id,
+                        worker,
+                        free,
+                    )
+                    violations.extend((outcome.ingest_id, v) for v in made)
+        return decisions, violations

@@ -1,0 +1,127 @@
+"""Window scheduling: due windows are replayed (inline or in a worker process), stored
+and judged; each fleet's step model is refitted from its engine steps first."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shadow.analysis.stepmodel import fit_step_model
+from shadow.replay.workload import StepModel
+from shadow.service.ingest.apply import FleetState
+from shadow.service.store import ServiceStore
+from shadow.stream.windows import WindowResult, evaluate_window
+
+if TYPE_CHECKING:
+    from shadow.service.ingest.pipeline import PipelineConfig
+
+log = logging.getLogger("shadow.service.ingest.pipeline")
+
+
+class WindowScheduler:
+    """Evaluates the due windows of the fleets it is given and stores their results."""
+
+    def __init__(
+        self,
+        store: ServiceStore,
+        config: PipelineConfig,
+        executor: Executor | None,
+        fleets: dict[str, FleetState],
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.executor = executor
+        self.fleets = fleets
+        self._pending: list[tuple[FleetState, Future[WindowResult]]] = []
+        self.windows_evaluated = 0
+        #: called with (fleet state, window result) after each stored window (the modes)
+        self.on_window: Callable[[FleetState, WindowResult], None] | None = None
+
+    def step_model(self, state: FleetState) -> tuple[StepModel, bool]:
+        """The fleet's calibrated step model, refitted from its engine steps."""
+        samples = state.step_samples
+        if not samples:
+            return self.config.default_step_model, False
+        array = np.array(samples, dtype=np.float64)
+        steps = array[:, 0].astype(np.int64)
+        order = np.argsort(steps, kind="stable")
+        steps, array = steps[order], array[order]
+        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        max_kv = np.maximum.reduceat(array[:, 1], starts)
+        duration = np.maximum.reduceat(array[:, 2], starts)
+        ts = np.maximum.reduceat(array[:, 3], starts)
+        fit = fit_step_model(
+            max_kv, duration, ts=ts, min_samples=self.config.step_fit_min_samples,
+            default=self.config.default_step_model,
+        )  # fmt: skip
+        state.fit = fit
+        self.store.save_fit(state.fleet, state.mirror.now, fit)
+        return fit.as_step_model(), not fit.fallback
+
+    def schedule(self, *, close: bool = False) -> None:
+        for state in self.fleets.values():
+            tracker = state.tracker
+            if close and tracker.current is not None and tracker.current.t_end is None:
+                tracker.close(state.mirror.now)
+            due = tracker.due(state.mirror.now)
+            if not due:
+                continue
+            fresh = [i for i in due if i not in state.stored_windows]
+            for index in due:
+                if index in state.stored_windows:
+                    tracker.discard(index)
+            if not fresh:
+                continue
+            model, fitted = self.step_model(state)
+            for index in fresh:
+                spec = tracker.spec(index, model)
+                if self.executor is None:
+                    try:
+                        result = evaluate_window(spec)
+                    except Exception:
+                        self._failed(state, index)
+                    else:
+                        self._store(state, result, fitted)
+                else:
+                    future = self.executor.submit(evaluate_window, spec)
+                    future.fitted = fitted  # type: ignore[attr-defined]
+                    future.index = index  # type: ignore[attr-defined]
+                    self._pending.append((state, future))
+        self.collect()
+
+    def collect(self, wait: bool = False) -> int:
+        """Store finished window evaluations (all of them with `wait`)."""
+        stored = 0
+        keep = []
+        for state, future in self._pending:
+            if wait or future.done():
+                try:
+                    result = future.result()
+                except Exception:
+                    self._failed(state, future.index)  # type: ignore[attr-defined]
+                else:
+                    self._store(state, result, future.fitted)  # type: ignore[attr-defined]
+                    stored += 1
+            else:
+                keep.append((state, future))
+        self._pending = keep
+        return stored
+
+    def _failed(self, state: FleetState, index: int) -> None:
+        """A window that cannot be replayed is logged and counted; ingest goes on."""
+        state.window_failures += 1
+        log.exception("fleet %s: window %d could not be replayed", state.fleet, index)
+
+    def _store(self, state: FleetState, result: WindowResult, fitted: bool) -> None:
+        self.store.save_window(result, fitted)
+        state.stored_windows.add(result.index)
+        self.windows_evaluated += 1
+        if self.on_window is not None:
+            try:
+                self.on_window(state, result)
+            except Exception:
+                log.exception("fleet %s: judging window %d failed", state.fleet, result.index)
