@@ -1,0 +1,125 @@
+"""Imports point inward (docs/ARCHITECTURE.md): the pure core imports no edge, the service
+does not import the emulated world, and nothing but the CLI reaches the CLI or the
+benchmarks. Read from the source as written (function-level and TYPE_CHECKING imports
+count too), so a new arrow the wrong way fails here before it settles in."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SHADOW = Path(__file__).resolve().parents[1] / "shadow"
+
+#: the pure core: plain data in, plain data out
+CORE = (
+    "shadow.policies",
+    "shadow.predict",
+    "shadow.replay",
+    "shadow.events",
+    "shadow.stream",
+    "shadow.analysis",
+    "shadow.workloads",
+    "shadow.modes.machine",
+    "shadow.gate.evidence",
+    "shadow.gate.thresholds",
+    "shadow.gate.statistics",
+    "shadow.gate.verdict",
+)
+#: what talks to the outside (files, sockets, DuckDB, processes, people)
+EDGES = (
+    "shadow.service",
+    "shadow.storage",
+    "shadow.connectors",
+    "shadow.world",
+    "shadow.sweep",
+    "shadow.ui",
+    "shadow.dashboards",
+    "shadow.cli",
+    "shadow.bench",
+)
+#: (importer, what it must not import): the edges' own order
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    *((core, EDGES) for core in CORE),
+    ("shadow.service", ("shadow.world", "shadow.cli", "shadow.bench")),
+    (
+        "shadow.storage",
+        (
+            "shadow.service",
+            "shadow.connectors",
+            "shadow.world",
+            "shadow.sweep",
+            "shadow.cli",
+            "shadow.bench",
+        ),
+    ),
+    (
+        "shadow.connectors",
+        ("shadow.service", "shadow.storage", "shadow.world", "shadow.cli", "shadow.bench"),
+    ),
+    ("shadow.gate", ("shadow.service", "shadow.world", "shadow.cli", "shadow.bench")),
+    ("shadow.modes", ("shadow.service", "shadow.world", "shadow.cli", "shadow.bench")),
+    ("shadow.sweep", ("shadow.service", "shadow.world", "shadow.cli", "shadow.bench")),
+    ("shadow.world", ("shadow.cli", "shadow.bench")),
+    ("shadow.dashboards", ("shadow.world", "shadow.cli", "shadow.bench")),
+)
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def module_imports(root: Path) -> Iterator[tuple[str, str, int]]:
+    """(module, imported module, line) for every absolute import under `root/shadow`."""
+    for path in sorted((root / "shadow").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module]
+                if node.module == "shadow":  # `from shadow import events`
+                    targets = [f"shadow.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                yield module, target, node.lineno
+
+
+def wrong_way(root: Path) -> list[str]:
+    found = []
+    for module, target, line in module_imports(root):
+        for importer, forbidden in RULES:
+            if _within(module, importer) and any(_within(target, f) for f in forbidden):
+                found.append(f"{module}:{line} imports {target} ({importer} must not)")
+    return sorted(set(found))
+
+
+def test_imports_point_inward() -> None:
+    assert wrong_way(SHADOW.parent) == []
+
+
+def test_every_package_is_placed() -> None:
+    """A new top-level package must be given a place (core or edge) before it lands."""
+    placed = {name.split(".")[1] for name in (*CORE, *EDGES)} | {"gate", "modes"}
+    packages = {p.name for p in SHADOW.iterdir() if (p / "__init__.py").exists()}
+    assert packages - placed == set()
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        ("policies/leak.py", "from shadow.service.store import ServiceStore\n"),
+        ("replay/leak.py", "def f():\n    import shadow.storage.database\n"),
+        ("stream/leak.py", "from shadow import world\n"),
+        ("service/leak.py", "from shadow.world.demo import DemoPlan\n"),
+    ],
+)
+def test_a_wrong_way_import_is_caught(tmp_path: Path, module: str, line: str) -> None:
+    """The check itself can fail: a planted import the wrong way is reported."""
+    path = tmp_path / "shadow" / module
+    path.parent.mkdir(parents=True)
+    path.write_text(line)
+    assert len(wrong_way(tmp_path)) == 1
