@@ -283,3 +283,13 @@ def test_bad_config_is_rejected_with_the_field_named():
         BalanceRouteConfig(r_max=0)
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("nope")
+
+
+def test_the_registry_knows_the_balance_route_family():
+    """Sweeps vary BR parameters and benchmarks apply the BR targets by this flag, not by
+    reading a name's prefix."""
+    from shadow.policies import POLICY_NAMES, is_balance_route
+
+    family = {name for name in POLICY_NAMES if is_balance_route(name)}
+    assert family == {"br0", "brh-survival", "brh-exactmatch", "brh-oracle"}
+    assert is_balance_route("brh") and not is_balance_route("no-such-policy")

@@ -227,6 +227,7 @@ def bench_replay(
 ) -> None:
     """Simulated steps/s and peak memory per policy (each in a fresh process)."""
     from shadow.bench import replay as bench
+    from shadow.policies import is_balance_route
     from shadow.replay.workload import StepModel
 
     names = policy_names(policies)
@@ -258,7 +259,7 @@ def bench_replay(
                 workload, [name], workers=workers, batch=batch, step_model=model, seed=seed
             )[0]
             results.append(result)
-            goal = 8_000 if name.startswith("br") else 30_000  # BR-0 and BR-H: 8,000
+            goal = 8_000 if is_balance_route(name) else 30_000  # BR-0 and BR-H: 8,000
             verdict = "[green]ok" if result.steps_per_s >= goal else "[red]MISSED"
             table.add_row(
                 name,

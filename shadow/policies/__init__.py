@@ -20,7 +20,12 @@ from shadow.policies.balanceroute import (
     two_stage_admission,
 )
 from shadow.policies.base import Policy
-from shadow.policies.registry import make_policy, policy_names, register_policy
+from shadow.policies.registry import (
+    is_balance_route,
+    make_policy,
+    policy_names,
+    register_policy,
+)
 from shadow.policies.snapshot import (
     NO_KEY,
     ActiveRequest,
@@ -62,6 +67,7 @@ __all__ = [
     "ReadyRequest",
     "WorkerView",
     "horizon_scores",
+    "is_balance_route",
     "make_aa_policy",
     "make_policy",
     "policy_names",

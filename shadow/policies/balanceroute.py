@@ -260,7 +260,7 @@ class BalanceRouteHorizon(Policy):
         return _as_admissions(decided, snapshot, pool)
 
 
-@register_policy("br0")
+@register_policy("br0", balance_route=True)
 def _balance_route_zero(
     *, seed: int, config: BalanceRouteConfig | None, predictor: Predictor | None
 ) -> Policy:
@@ -287,6 +287,6 @@ def _balance_route_horizon(predictor_name: str | None) -> PolicyFactory:
     return build
 
 
-register_policy("brh", listed=False)(_balance_route_horizon(None))
+register_policy("brh", listed=False, balance_route=True)(_balance_route_horizon(None))
 for _predictor in PREDICTORS:
-    register_policy(f"brh-{_predictor}")(_balance_route_horizon(_predictor))
+    register_policy(f"brh-{_predictor}", balance_route=True)(_balance_route_horizon(_predictor))

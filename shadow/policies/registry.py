@@ -29,11 +29,17 @@ Registered = TypeVar("Registered", bound=Callable[..., object])
 _FACTORIES: dict[str, PolicyFactory] = {}
 #: registered names that `policy_names()` leaves out (`brh` needs a predictor passed in)
 _UNLISTED: set[str] = set()
+#: the names that take a `BalanceRouteConfig` (BR-0 and every BR-H)
+_BALANCE_ROUTE: set[str] = set()
 
 
-def register_policy(name: str, *, listed: bool = True) -> Callable[[Registered], Registered]:
+def register_policy(
+    name: str, *, listed: bool = True, balance_route: bool = False
+) -> Callable[[Registered], Registered]:
     """Register a policy class under `name` (it becomes the class's `name`; it is built as
-    `cls(seed=seed)`), or a `PolicyFactory` function for policies that take more."""
+    `cls(seed=seed)`), or a `PolicyFactory` function for policies that take more.
+    `balance_route`: the policy reads a `BalanceRouteConfig` (sweeps vary its parameters,
+    benchmarks hold it to the BR targets)."""
 
     def register(target: Registered) -> Registered:
         if name in _FACTORIES:
@@ -45,6 +51,8 @@ def register_policy(name: str, *, listed: bool = True) -> Callable[[Registered],
             _FACTORIES[name] = target  # type: ignore[assignment]
         if not listed:
             _UNLISTED.add(name)
+        if balance_route:
+            _BALANCE_ROUTE.add(name)
         return target
 
     return register
@@ -53,6 +61,11 @@ def register_policy(name: str, *, listed: bool = True) -> Callable[[Registered],
 def policy_names() -> tuple[str, ...]:
     """Every listed policy name, in registration order."""
     return tuple(name for name in _FACTORIES if name not in _UNLISTED)
+
+
+def is_balance_route(name: str) -> bool:
+    """Whether `name` is of the BalanceRoute family (takes a `BalanceRouteConfig`)."""
+    return name in _BALANCE_ROUTE
 
 
 def make_policy(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadow.policies import BalanceRouteConfig
+from shadow.policies import BalanceRouteConfig, is_balance_route
 from shadow.replay.run import replay_policy, retimed
 from shadow.replay.workload import StepModel, Workload
 
@@ -23,7 +23,7 @@ _CONFIG_FIELDS = ("horizon", "alpha", "beta", "gamma", "s_greedy", "r_max")
 def balance_config(params: Mapping[str, Any]) -> BalanceRouteConfig | None:
     """The BR configuration of a cell (None for baselines); unset fields keep defaults."""
     policy = str(params["policy"])
-    if policy != "br0" and not policy.startswith("brh"):
+    if not is_balance_route(policy):
         return None
     given = {name: params[name] for name in _CONFIG_FIELDS if params.get(name) is not None}
     return BalanceRouteConfig(**given)
