@@ -1,0 +1,98 @@
+"""A tiny Llama-architecture model directory that real vLLM serves with dummy weights.
+
+No weights can be downloaded here, and none are needed: the boundary under test (the
+OpenAI-compatible stream, `/metrics`, the stat-logger plugin) is the same whatever the
+weights say. What vLLM needs is a `config.json` (hidden 128, 2 layers, 2 heads: head_dim
+64, since the CPU attention kernel refuses 16) and a tokenizer; a byte-level BPE trained
+offline with the `tokenizers` library gives real multi-byte tokens, so streams carry the
+empty-text chunks of tokens that end mid-UTF-8, as with a real model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+VOCAB_SIZE = 2048
+MAX_MODEL_LEN = 4096
+
+#: a chat template in the Llama 3 style (vLLM's chat endpoint needs one)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|start|>{{ message['role'] }}\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant\n{% endif %}"
+)
+
+#: text the tokenizer is trained on: several scripts, so many tokens are partial UTF-8
+_CORPUS = [
+    "The decode workers meet at a barrier every step, so the most loaded one sets the pace.",
+    "BalanceRoute routes by the barrier cost; join-shortest-queue counts requests.",
+    "负载均衡 决定 每一步 的 速度，最慢的 工作者 决定 全体。",
+    "Übergroße Ausgaben — naïve café résumé, ça va? 東京 ソウル 北京 🚀🔥✨",
+    "def route(snapshot, pool):\n    return [(request, worker) for request in pool]\n",
+    "0123456789 +-*/=<>()[]{} ,.;:!? \"quoted\" 'single' #hash @at $dollar %percent",
+]
+
+
+def build_tiny_model(directory: Path) -> Path:
+    """Write the model (config, tokenizer, chat template) into `directory`; return it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    special = ["<|begin|>", "<|end|>", "<|start|>", "<|pad|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 50, trainer=trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    vocab = tokenizer.get_vocab_size()
+    ids = {name: tokenizer.token_to_id(name) for name in special}
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|begin|>",
+                "eos_token": "<|end|>",
+                "pad_token": "<|pad|>",
+                "model_max_length": MAX_MODEL_LEN,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+    )
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "head_dim": 64,
+                "vocab_size": vocab,
+                "max_position_embeddings": MAX_MODEL_LEN,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0,
+                "hidden_act": "silu",
+                "tie_word_embeddings": False,
+                "bos_token_id": ids["<|begin|>"],
+                "eos_token_id": ids["<|end|>"],
+                "pad_token_id": ids["<|pad|>"],
+                "torch_dtype": "bfloat16",
+            },
+            indent=2,
+        )
+    )
+    (directory / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": ids["<|begin|>"], "eos_token_id": ids["<|end|>"]})
+    )
+    return directory
