@@ -227,7 +227,8 @@ def record_one(
     raw = bytearray()
     headers = {"X-Request-Id": f"fixture-{case.replace('_', '-')}"}
     with client.stream("POST", base + path, json=body, headers=headers) as response:
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise RuntimeError(f"{case}: HTTP {response.status_code}: {response.read()[:500]!r}")
         for piece in response.iter_raw():
             arrivals.append(len(piece))
             raw += piece
@@ -376,15 +377,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--only", choices=("scripted", "server"))
+    parser.add_argument("--cases", help="comma-separated server cases to record (default all)")
     args = parser.parse_args()
+    wanted = set(args.cases.split(",")) if args.cases else None
+
+    def pick(cases: list[Any]) -> list[Any]:
+        return [c for c in cases if wanted is None or c[0] in wanted]
+
     if args.only != "server":
         record_scripted(args.out)
     if args.only != "scripted":
         with tempfile.TemporaryDirectory() as tmp:
             model = tiny_model_with_think_tokens(Path(tmp) / "model")
-            record_server(args.out, model, [], SERVER_A)
+            if pick(SERVER_A):
+                record_server(args.out, model, [], pick(SERVER_A))
             extra = ["--stream-interval", "4", "--reasoning-parser", "deepseek_r1"]
-            record_server(args.out, model, extra, SERVER_B)
+            if pick(SERVER_B):
+                record_server(args.out, model, extra, pick(SERVER_B))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ _TOKENLESS_REASONS = frozenset({"abort", "error", "recomputed", "cancelled"})
 #: vllm-ascend's recompute scheduler marks a decode stream it gives back to its proxy so
 RECOMPUTED = "recomputed"
 _DONE = b"[DONE]"
+_HEAD_LIMIT = 1 << 16
 _decode = msgspec.json.Decoder().decode
 
 
@@ -86,6 +87,9 @@ class StreamAccountant:
     _data: list[bytes] = field(default_factory=list)
     _ended: bool = False
     _saw_event: bool = False
+    #: a streaming request's first bytes, kept until the first event: an upstream that
+    #: refuses the request answers with a JSON error body, not an event stream
+    _head: bytearray = field(default_factory=bytearray)
 
     def __post_init__(self) -> None:
         if self.endpoint not in ("completions", "chat"):
@@ -104,6 +108,8 @@ class StreamAccountant:
         self._buffer += chunk
         if not self.stream:
             return []  # a JSON body is read whole at close
+        if not self._saw_event and len(self._head) < _HEAD_LIMIT:
+            self._head += chunk
         updates: list[Update] = []
         buffer = self._buffer
         start = 0
@@ -133,8 +139,9 @@ class StreamAccountant:
                     self._buffer.clear()
                 if self._data:
                     self._event(updates)
-                if not self._saw_event:
-                    self._body(updates)  # an error answered as JSON to a streaming request
+                if not self._saw_event:  # an error answered as JSON to a streaming request
+                    self._buffer[:] = self._head
+                    self._body(updates)
             else:
                 self._body(updates)
         self._ended = True
@@ -244,7 +251,7 @@ class StreamAccountant:
         self._flush_finished(updates, final=True)
 
     def _body(self, updates: list[Update]) -> None:
-        """A non-streaming answer: the whole JSON body, usage included."""
+        """A non-streaming answer (or an error body): the whole JSON, usage included."""
         try:
             message = _decode(bytes(self._buffer))
         except msgspec.DecodeError:
