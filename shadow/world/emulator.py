@@ -37,7 +37,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from shadow.replay.workload import StepModel
 from shadow.world import vllm_wire as wire
-from shadow.world.emulator_request import Ask, BadRequest, parse
+from shadow.world.emulator_request import Ask, BadRequest, header, parse, pinned_rank
 from shadow.world.engine_metrics import EngineMetrics, EngineView
 from shadow.world.engine_model import (
     CANCELLED,
@@ -100,7 +100,9 @@ class EmulatedFleet(SteppingFleet):
     sends a choice's tokens k at a time after its first (vLLM's `--stream-interval`);
     `merge_outputs` sends every token a lagging stream has not yet sent in one chunk (what
     vLLM's API server does when it falls behind the engine); `split_utf8_every` k >= 2
-    makes every k-th token end mid-character and stream as `""`.
+    makes every k-th token end mid-character and stream as `""`; `stream_lag_s` makes
+    each stream pause that long after each write, as a busy API server does (with
+    `merge_outputs`, its chunks then carry several tokens).
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class EmulatedFleet(SteppingFleet):
         merge_outputs: bool = False,
         split_utf8_every: int = 0,
         dp_front: bool = False,
+        stream_lag_s: float = 0.0,
     ) -> None:
         super().__init__(workers, batch, step_model=step_model, time_scale=time_scale, sink=sink)
         if kv_capacity_tokens < 1:
@@ -133,6 +136,9 @@ class EmulatedFleet(SteppingFleet):
         self.merge_outputs = merge_outputs
         self.split_utf8_every = split_utf8_every
         self.dp_front = dp_front
+        if stream_lag_s < 0:
+            raise ValueError(f"stream_lag_s must be >= 0, got {stream_lag_s}")
+        self.stream_lag_s = stream_lag_s
         self.system_fingerprint = wire.fingerprint(workers if dp_front else 1)
         self.metrics = EngineMetrics(model_name)
         self.worker_urls: list[str] = []
@@ -252,13 +258,6 @@ class EmulatedFleet(SteppingFleet):
         return generate_latest(view)  # type: ignore[arg-type]
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
 class _WorkerApp:
     """The ASGI app of one server: vLLM's OpenAI-compatible subset, /metrics, /health.
 
@@ -314,29 +313,15 @@ class _WorkerApp:
     def _pick(self, scope: Scope) -> EngineWorker:
         """The engine a request runs on: the one pinned by `X-data-parallel-rank`, else
         (on the front) vLLM's choice, the live engine with the lowest 4 * waiting + running."""
-        value = _header(scope, b"x-data-parallel-rank")
-        if value is None:
+        rank = pinned_rank(header(scope, b"x-data-parallel-rank"), [w.index for w in self.workers])
+        if rank is None:
             live = [w for w in self.workers if w.alive] or self.workers
             return min(live, key=lambda w: (4 * len(w.waiting) + len(w.running), w.index))
-        try:
-            rank = int(value)
-        except ValueError:
-            raise BadRequest(
-                f"X-data-parallel-rank must be an integer, got {value!r}", "X-data-parallel-rank"
-            ) from None
-        for worker in self.workers:
-            if worker.index == rank:
-                return worker
-        if len(self.workers) == 1:
-            served = self.workers[0].index
-            message = f"data_parallel_rank {rank} is not served here (engine {served} is)."
-        else:
-            message = f"data_parallel_rank {rank} is out of range [0, {len(self.workers)})."
-        raise BadRequest(message, "X-data-parallel-rank")
+        return next(w for w in self.workers if w.index == rank)
 
     async def _completion(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
         fleet = self.fleet
-        header_id = _header(scope, b"x-request-id")
+        header_id = header(scope, b"x-request-id")
         base = header_id or uuid.uuid4().hex
         response_id = ("chatcmpl-" if chat else "cmpl-") + base
         engine_id = response_id if chat else f"{response_id}-0"  # vLLM's external id
@@ -469,6 +454,8 @@ class _WorkerApp:
                 data = parts[0] if len(parts) == 1 else b"".join(parts)
                 digest.update(data)
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                if self.fleet.stream_lag_s:
+                    await asyncio.sleep(self.fleet.stream_lag_s)
                 continue
             if all(closed):
                 tail = wire.DONE_LINE

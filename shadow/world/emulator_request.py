@@ -16,6 +16,7 @@ The controls ride in `vllm_xargs`, the object vLLM 0.32 accepts for custom exten
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,3 +146,31 @@ def parse(payload: Any, chat: bool) -> Ask:
         stop_reason=stop_reason,
         fail_after=fail_after,
     )
+
+
+def header(scope: MutableMapping[str, Any], name: bytes) -> str | None:
+    """An ASGI request header's value (`name` lower-case), or None."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def pinned_rank(value: str | None, served: list[int]) -> int | None:
+    """The data-parallel rank `X-data-parallel-rank` pins (None: not pinned), one of the
+    engines `served`; else `BadRequest` worded as vLLM words it."""
+    if value is None:
+        return None
+    try:
+        rank = int(value)
+    except ValueError:
+        raise BadRequest(
+            f"X-data-parallel-rank must be an integer, got {value!r}", "X-data-parallel-rank"
+        ) from None
+    if rank in served:
+        return rank
+    if len(served) == 1:
+        message = f"data_parallel_rank {rank} is not served here (engine {served[0]} is)."
+    else:
+        message = f"data_parallel_rank {rank} is out of range [0, {len(served)})."
+    raise BadRequest(message, "X-data-parallel-rank")

@@ -175,6 +175,11 @@ class SteppingFleet:
         """`L_g` now: KV tokens of worker g's running requests."""
         return self._workers[g].load()
 
+    def request_keys(self, g: int) -> list[str]:
+        """The engine ids of worker g's requests, running then waiting (one per choice)."""
+        worker = self._workers[g]
+        return [r.key for r in (*worker.running, *worker.waiting)]
+
     # ----------------------------------------------------------------- requests
 
     def submit(self, request: EngineRequest) -> None:
