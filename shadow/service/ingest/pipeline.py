@@ -324,6 +324,7 @@ class Pipeline:
                                 event.running,
                                 event.kv_tokens,
                                 event.waiting,
+                                event.tokens,
                             )
                         )
                     elif kind == "progress":
