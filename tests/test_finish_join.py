@@ -307,3 +307,33 @@ def test_the_counters_on_metrics_after_posting_events(tmp_path):
         {"reason": "content_filter", "raw_reason": "content_filter", "estimated": True,
          "from_engine": None}
     ]  # fmt: skip
+
+
+def test_a_straggler_joined_live_is_joined_again_in_stored_order_at_restart(tmp_path):
+    """The engine's finish comes after the reorder window passed it: live, the tap's
+    estimate finished the request and the straggler corrected it; at restart the stored
+    events apply in time order, so the engine's finishes it. Either way one finish row
+    per request is not joined to another, and the count is the exact one."""
+    path = tmp_path / "straggler.duckdb"
+    pipeline = open_pipeline(path)
+    send(
+        pipeline,
+        *started("a"),
+        tap_finish("a", 12, ts=5.0),
+        {"type": "ready", "ts": 8.0, "request_id": "later", "prompt_tokens": 5},
+        drain=False,
+    )
+    send(pipeline, engine_finish("a", 17, ts=4.9), drain=False)
+    assert pipeline.fleets["default"].late_events == 1
+    live = finish_rows(pipeline)
+    assert live == {"engine": [("a", 17, "tap")], "tap": [("a", 17, None)]}
+    pipeline.close()
+    pipeline.store.close()
+    again = open_pipeline(path)
+    try:
+        assert finish_rows(again) == {"engine": [("a", 17, None)], "tap": [("a", 17, "engine")]}
+        assert again.fleets["default"].mirror.requests["a"].output_tokens == 17
+        assert violations(again) == []
+    finally:
+        again.close()
+        again.store.close()

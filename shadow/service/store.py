@@ -43,13 +43,17 @@ STEP_COLUMNS = (
 )  # fmt: skip
 #: A finish that met an earlier finish of its request (`shadow.stream.join`): the earlier
 #: one's count may be corrected (`output_tokens`, NULL: kept) and the later one points at
-#: it (`joined_to`, NULL: kept), so readers count one finish per request.
+#: it (`joined_to`, NULL: kept; `UNJOIN`: cleared, for the one that finished the request:
+#: a restart that applies stored events in another order than the live path did (a
+#: straggler) rewrites both), so readers count one finish per request.
+UNJOIN = -1
 _FINISH_UPDATES = pa.schema(
     [("ingest_id", pa.int64()), ("output_tokens", pa.int64()), ("joined_to", pa.int64())]
 )
 _UPDATE_FINISHES = (
     "UPDATE events SET output_tokens = coalesce(r.output_tokens, events.output_tokens), "
-    "joined_to = coalesce(r.joined_to, events.joined_to) FROM rows_finish_updates r "
+    "joined_to = CASE WHEN r.joined_to = -1 THEN NULL "
+    "ELSE coalesce(r.joined_to, events.joined_to) END FROM rows_finish_updates r "
     "WHERE events.ingest_id = r.ingest_id"
 )
 PROGRESS_COLUMNS = ("fleet", "request_id", "generated", "ts", "ingest_id")

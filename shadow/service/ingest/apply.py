@@ -22,6 +22,7 @@ from shadow.events import (
     ReadyEvent,
     WorkerEvent,
 )
+from shadow.service.store import UNJOIN, EventBatch
 from shadow.stream.fleet import FleetCore
 from shadow.stream.invariants import Violation
 from shadow.stream.items import (
@@ -40,7 +41,6 @@ from shadow.stream.windows import WindowTracker
 
 if TYPE_CHECKING:
     from shadow.service.ingest.pipeline import PipelineConfig
-    from shadow.service.store import EventBatch
 
 STEP_SAMPLES_KEPT = 50_000  # the last ~6,000 steps of an 8-worker fleet
 
@@ -204,6 +204,7 @@ class Applier:
                 natural = done.reason in NATURAL_FINISH
                 state.tracker.on_finish(done.ts, outcome.request_id, done.output_tokens, natural)
         if kind in (CORRECTED, IGNORED) and outcome.primary_ref >= 0:
+            self.finish_updates.append((outcome.primary_ref, None, UNJOIN))
             self.finish_updates.append((ingest_id, None, outcome.primary_ref))
         if self.audit:
             stream.append(
