@@ -70,7 +70,12 @@ from urllib.parse import urlsplit
 
 try:
     from vllm.v1.metrics.loggers import StatLoggerBase
+
+    #: under vLLM's own logger, so the lines go where vLLM's go, with its prefix (vLLM
+    #: configures the `vllm` logger only: a line of another name reached no handler)
+    log = logging.getLogger("vllm.shadow_plugin")
 except ImportError:  # the project's own environment has no vLLM: the module still imports
+    log = logging.getLogger(__name__)
 
     class StatLoggerBase:  # type: ignore[no-redef]
         """Stand-in for vLLM's base class where vLLM is not installed (tests, docs)."""
@@ -81,8 +86,6 @@ except ImportError:  # the project's own environment has no vLLM: the module sti
         def record_sleep_state(self, is_awake: int, level: int) -> None:
             pass
 
-
-log = logging.getLogger(__name__)
 
 ENV_URL = "SHADOW_PLUGIN_URL"
 ENV_TOKEN_FILE = "SHADOW_PLUGIN_TOKEN_FILE"
@@ -320,6 +323,7 @@ class EventSender:
         return json.dumps(event, separators=(",", ":")).encode()
 
     def _connection(self) -> http.client.HTTPConnection:
+        """One kept-alive connection, opened on demand."""
         if self._conn is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             self._conn = kind(self._host, self._port, timeout=self.timeout_s)
@@ -329,11 +333,14 @@ class EventSender:
         """True when the batch is done with (stored, or refused for good); False to retry."""
         body = b"\n".join(batch)
         try:
-            conn = self._connection()
-            conn.request("POST", self._path, body=body, headers=self._headers)
-            response = conn.getresponse()
-            text = response.read()
-            status = response.status
+            try:
+                status, text = self._post(body)
+            except (OSError, http.client.HTTPException):
+                if self._conn is None:  # a fresh connection failed: the service is down
+                    raise
+                # a kept-alive connection the service closed (it restarted): once more
+                self._drop_connection()
+                status, text = self._post(body)
         except (OSError, http.client.HTTPException) as error:
             self._drop_connection()
             self.failures += 1
@@ -363,6 +370,18 @@ class EventSender:
         self.rejected += refused
         self.sent += len(batch) - refused
         return True
+
+    def _post(self, body: bytes) -> tuple[int, bytes]:
+        fresh = self._conn is None
+        conn = self._connection()
+        try:
+            conn.request("POST", self._path, body=body, headers=self._headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        except BaseException:
+            if fresh:
+                self._drop_connection()
+            raise
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
