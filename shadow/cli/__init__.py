@@ -11,7 +11,7 @@ import sys
 import typer
 
 from shadow import __version__
-from shadow.cli import audit, bench, dashboards, db, gate, mode, replay, service, sweep
+from shadow.cli import audit, bench, dashboards, db, gate, mode, replay, service, sweep, tap
 from shadow.cli.shared import console
 from shadow.cli.sweep import ray_address_argv
 
@@ -33,6 +33,7 @@ app.command()(sweep.sweep)
 app.command()(service.serve)
 app.command()(service.ingest)
 app.command()(gate.gate)
+app.command()(tap.tap)
 app.add_typer(bench.bench_app, name="bench")
 app.add_typer(db.db_app, name="db")
 app.add_typer(mode.mode_app, name="mode")

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 import uvicorn
 
 from shadow.connectors.sink import HttpEventSink
+from shadow.events import WorkerEvent
 from shadow.replay.workload import StepModel
 from shadow.world.emulator import EmulatedFleet, QuietServer
+from shadow.world.event_wire import sink_fields
 from shadow.world.process import free_port
 from shadow.world.router import Router
-from shadow.world.tap import Tap
+from shadow.world.tap import TapProxy, world_tap_config
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,11 @@ class World:
             self.fleet.steps = o.incarnation * 1000  # above every step of an earlier start
         self._servers: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self.tap: Tap | None = None
+        self.tap: TapProxy | None = None
         self.router: Router | None = None
         self.addresses: WorldAddresses | None = None
 
-    async def _serve(self, app: object) -> str:
+    async def _serve(self, app: object, lifespan: str = "on") -> str:
         port = free_port()
         # leaves signal handlers alone: the world runs inside the demo's process, which
         # ignores Ctrl-C and is stopped by the service (a handler here made the demo
@@ -78,7 +81,7 @@ class World:
                 host="127.0.0.1",
                 port=port,
                 log_level="warning",
-                lifespan="on",
+                lifespan=lifespan,
                 timeout_keep_alive=120,  # longer than any client idles: no reuse-vs-close race
             )
         )
@@ -94,12 +97,13 @@ class World:
         await self.router_sink.start()
         await self.fleet.start()
         workers = {str(g): url for g, url in enumerate(self.fleet.worker_urls)}
-        self.tap = Tap(
-            workers, self.tap_sink, capacity=self.options.batch,
-            policy=self.options.router_policy,
-            progress_interval_s=self.options.progress_interval_s, emit_ready=False,
+        config = world_tap_config(
+            workers, capacity=self.options.batch, policy=self.options.router_policy,
+            progress_interval_s=self.options.progress_interval_s, fleet=self.options.fleet,
         )  # fmt: skip
-        tap_url = await self._serve(self.tap.app)
+        self.tap = TapProxy(config, self.tap_sink)
+        await self.tap.start()
+        tap_url = await self._serve(self.tap.app(), lifespan="off")
         self.router = Router(
             list(workers), tap_url, capacity=self.options.batch,
             policy=self.options.router_policy, sink=self.router_sink,
@@ -108,6 +112,15 @@ class World:
         self.addresses = WorldAddresses(router_url, tap_url, workers)
         return self.addresses
 
+    def kill_worker(self, g: int) -> None:
+        """Crash engine `g` and say so as the engines' health would: a `worker` down
+        event from the engines' source (the tap reports requests, never a worker's
+        health)."""
+        self.fleet.kill_worker(g)
+        down = WorkerEvent(ts=time.time(), worker=str(g), capacity=self.options.batch,
+                           state="down")  # fmt: skip
+        self.engine_sink.put(sink_fields(down))
+
     async def stop(self) -> None:
         for server in self._servers:
             server.should_exit = True
@@ -115,6 +128,8 @@ class World:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)
         await self.fleet.stop()
+        if self.tap is not None:
+            await self.tap.stop()
         await self.router_sink.aclose()
         await self.tap_sink.aclose()
         await self.engine_sink.aclose()

@@ -85,7 +85,7 @@ async def _world(conn: Connection, plan: DemoPlan) -> None:
             if command == "stop":
                 break
             if command[0] == "kill_worker":
-                world.fleet.kill_worker(command[1])
+                world.kill_worker(command[1])
                 conn.send("killed")
             elif command[0] == "digests":
                 conn.send(dict(world.fleet.sent_digests))

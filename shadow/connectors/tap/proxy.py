@@ -1,0 +1,472 @@
+"""The tap's proxy: forwards requests to an engine, passes the answer back byte for byte,
+and tells the shadow service what happened.
+
+Per request on `/v1/completions` or `/v1/chat/completions` (POST): `ready` (unless the
+router announces it) and `dispatch` before the request leaves, cumulative `progress` at
+most every `progress_interval_s`, and `finish` per choice. With `n > 1` the engine runs n
+requests, so the shadow sees n: `<id>#0` .. `<id>#<n-1>`. The id is the engine's own
+(`cmpl-<X-Request-Id>-0`, `chatcmpl-<X-Request-Id>`; `request_ids = "header"`: the
+X-Request-Id itself); the tap sets `X-Request-Id` when the client did not, so the id is
+known before the first byte. Tokens are counted by `StreamAccountant` (exact from usage,
+else a flagged lower-bound estimate).
+
+What it changes: nothing in the response; in the request only `X-Request-Id` (when
+absent) and `X-data-parallel-rank` (when the engine has a `dp_rank`). Chunks go to the
+client as they arrive (accounting runs after the hand-off), events go through the
+non-blocking `HttpEventSink`. A client that leaves closes the upstream request
+(`cancelled`); an upstream failure ends the request in `error`. Neither marks the worker
+down: one request says nothing about an engine's health, its metrics do. Other paths are
+proxied without events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from shadow.connectors.sink import HttpEventSink
+from shadow.connectors.tap.config import EngineConfig, TapConfig
+from shadow.connectors.tap.metrics import CONTENT_TYPE, TapMetrics
+from shadow.events import (
+    DispatchEvent,
+    Event,
+    FinishEvent,
+    ProgressEvent,
+    ReadyEvent,
+    RouterView,
+    WorkerEvent,
+    event_to_json,
+)
+
+try:  # the real accountant; the stand-in only until it lands
+    from shadow.connectors.openai_stream import StreamAccountant
+except ImportError:  # pragma: no cover - replaced on merge
+    from shadow.connectors.tap._accountant_standin import StreamAccountant  # type: ignore
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: Headers a proxy must not forward (RFC 9110's connection-specific ones; host, which the
+#: client sets for the upstream; the request's length, which httpx recomputes).
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+     "trailer", "transfer-encoding", "upgrade", "content-length", "host"}
+)  # fmt: skip
+#: response headers not forwarded (the length is kept: the raw body is passed unchanged)
+_RESPONSE_DROP = frozenset(HOP_BY_HOP - {"content-length"})
+GENERATION_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+_JSON = [(b"content-type", b"application/json")]
+_FIELDS = {k: {f.name for f in msgspec.structs.fields(k)} for k in (FinishEvent, ProgressEvent)}
+
+
+def proxy_client() -> httpx.AsyncClient:
+    """No read timeout (streams are long), a connection per stream in flight."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(None, connect=5.0),
+        limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500),
+    )
+
+
+def _words(content: object) -> int:
+    if isinstance(content, str):
+        return len(content.split())
+    if isinstance(content, list):  # chat content as parts: count the text parts
+        return sum(_words(p.get("text", "")) for p in content if isinstance(p, dict))
+    return 0
+
+
+def prompt_tokens_of(body: dict) -> int:
+    """Prompt length as the tap can tell without a tokenizer: token ids when the prompt
+    is ids, else words (the emulator counts the same way)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list):
+        return max(1, len(prompt))
+    if isinstance(prompt, str):
+        return max(1, _words(prompt))
+    messages = body.get("messages") or []
+    return max(1, sum(_words(m.get("content", "")) for m in messages if isinstance(m, dict)))
+
+
+def prompt_hash_of(body: dict) -> str:
+    """A stable key of the prompt (ExactMatch groups requests by it)."""
+    material = json.dumps(body.get("prompt", body.get("messages")), sort_keys=True)
+    return hashlib.blake2b(material.encode(), digest_size=8).hexdigest()
+
+
+@functools.cache
+def _defaults(kind: type) -> tuple[tuple[str, Any], ...]:
+    return tuple(
+        (f.name, f.default)
+        for f in msgspec.structs.fields(kind)
+        if f.default is not msgspec.NODEFAULT
+    )
+
+
+def event_fields(event: Event) -> dict[str, Any]:
+    """The event as the sink takes it: JSON-ready, defaulted fields left out (the sink
+    stamps fleet, source and seq)."""
+    data = event_to_json(event)
+    for name, default in _defaults(type(event)):
+        if name in data and data[name] == default:
+            del data[name]
+    return data
+
+
+def _optional(kind: type, **values: Any) -> dict[str, Any]:
+    """The fields of `values` that `kind` has (the event contract grows them)."""
+    return {k: v for k, v in values.items() if k in _FIELDS[kind] and v is not None}
+
+
+def _n_of(body: dict) -> int:
+    n = body.get("n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 else 1
+
+
+class _Request:
+    """One generation request's ids and what has been reported of it."""
+
+    __slots__ = ("finished", "ids", "last_report", "reported", "tokens")
+
+    def __init__(self, ids: list[str]) -> None:
+        self.ids = ids
+        self.reported = [0] * len(ids)
+        self.tokens = [0] * len(ids)
+        self.finished = [False] * len(ids)
+        self.last_report = 0.0
+
+
+class TapProxy:
+    """The proxy for one tap config; `app(listener)` is the ASGI app of a listener (an
+    engine's own, or None for the shared one)."""
+
+    def __init__(
+        self,
+        config: TapConfig,
+        sink: HttpEventSink,
+        *,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.metrics = TapMetrics(lambda: (sink.sent, sink.dropped))
+        self._client = client
+        self._own_client = client is None
+        self.engines = {e.worker: e for e in config.engines}
+        self._prefixes = sorted(
+            ((e.path_prefix, e) for e in config.engines if e.path_prefix),
+            key=lambda item: -len(item[0]),
+        )
+        self._headers = {e.header: e for e in config.engines if e.header is not None}
+        self._route_header = config.route_header.lower().encode("latin-1")
+
+    async def start(self) -> None:
+        """The client, and a `worker` up event per engine with a capacity."""
+        if self._client is None:
+            self._client = proxy_client()
+        now = time.time()
+        for engine in self.config.engines:
+            if engine.capacity is not None:
+                up = WorkerEvent(ts=now, worker=engine.worker, capacity=engine.capacity)
+                self.sink.put(event_fields(up))
+
+    async def stop(self) -> None:
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+
+    def app(self, engine: EngineConfig | None = None) -> Callable[..., Awaitable[None]]:
+        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                await self._handle(engine, scope, receive, send)
+
+        return asgi
+
+    # ------------------------------------------------------------------ routing
+
+    def _route(self, engine: EngineConfig | None, scope: Scope) -> tuple[EngineConfig, str] | None:
+        path: str = scope["path"]
+        if engine is not None:
+            return engine, path
+        for prefix, candidate in self._prefixes:
+            if path == prefix or path.startswith(prefix + "/"):
+                return candidate, path[len(prefix) :] or "/"
+        for key, value in scope["headers"]:
+            if key == self._route_header:
+                found = self._headers.get(value.decode("latin-1"))
+                return None if found is None else (found, path)
+        return None
+
+    async def _handle(
+        self, listener: EngineConfig | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if listener is None and scope["path"] == "/metrics" and scope["method"] == "GET":
+            await _respond(send, 200, self.metrics.render(),
+                           [(b"content-type", CONTENT_TYPE.encode())])  # fmt: skip
+            return
+        routed = self._route(listener, scope)
+        if routed is None:
+            message = (f"no engine for {scope['path']}: match a path_prefix or set "
+                       f"{self.config.route_header} to an engine's header value")  # fmt: skip
+            await _respond(send, 404, json.dumps({"error": message}).encode())
+            return
+        engine, path = routed
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1") not in HOP_BY_HOP]
+        endpoint = GENERATION_PATHS.get(path) if scope["method"] == "POST" else None
+        parsed: dict | None = None
+        if endpoint is not None:
+            with contextlib.suppress(ValueError):
+                candidate = json.loads(body) if body else None
+                parsed = candidate if isinstance(candidate, dict) else None
+        self.metrics.requests.labels(engine.worker, endpoint or "other").inc()
+        state: _Request | None = None
+        accountant = None
+        if parsed is not None:
+            header_id = _header(headers, b"x-request-id")
+            if header_id is None:
+                header_id = uuid.uuid4().hex
+                headers.append((b"x-request-id", header_id.encode()))
+            n = _n_of(parsed)
+            state = _Request(self._ids(endpoint or "", header_id, n))
+            accountant = StreamAccountant(
+                endpoint=endpoint or "completions", n=n, stream=bool(parsed.get("stream", False))
+            )
+            self._announce(engine, state, parsed, headers)
+        if engine.dp_rank is not None:
+            headers = [(k, v) for k, v in headers if k != b"x-data-parallel-rank"]
+            headers.append((b"x-data-parallel-rank", str(engine.dp_rank).encode()))
+        query = scope.get("query_string", b"")
+        url = engine.upstream + path + ("?" + query.decode("latin-1") if query else "")
+        assert self._client is not None
+        request = self._client.build_request(scope["method"], url, headers=headers,
+                                             content=bytes(body))  # fmt: skip
+        try:
+            upstream = await self._client.send(request, stream=True)
+        except httpx.HTTPError as error:
+            self.metrics.upstream_errors.labels(engine.worker).inc()
+            if state is not None and accountant is not None:
+                self._close(state, accountant, upstream_error=str(error) or type(error).__name__)
+            reason = f"engine {engine.worker} unreachable: {type(error).__name__}"
+            await _respond(send, 502, json.dumps({"error": reason}).encode())
+            return
+        await self._relay(engine, upstream, state, accountant, receive, send)
+
+    def _ids(self, endpoint: str, header_id: str, n: int) -> list[str]:
+        if self.config.request_ids == "header":
+            base = header_id
+        elif endpoint == "chat":
+            base = f"chatcmpl-{header_id}"
+        else:
+            base = f"cmpl-{header_id}-0"
+        return [base] if n == 1 else [f"{base}#{i}" for i in range(n)]
+
+    # ------------------------------------------------------------------ relaying
+
+    async def _relay(
+        self,
+        engine: EngineConfig,
+        upstream: httpx.Response,
+        state: _Request | None,
+        accountant: Any,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Pass the body through while a watcher waits for the client to leave; the
+        first to end decides how the request ended."""
+        headers = [
+            (k.lower(), v)
+            for k, v in upstream.headers.raw
+            if k.decode("latin-1").lower() not in _RESPONSE_DROP
+        ]
+        await send({"type": "http.response.start", "status": upstream.status_code,
+                    "headers": headers})  # fmt: skip
+        pump = asyncio.ensure_future(self._pump(engine, upstream, state, accountant, send))
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone = watch.done() and not pump.done()
+            watch.cancel()
+            if not pump.done():
+                pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            with contextlib.suppress(Exception):
+                await upstream.aclose()
+            if gone and state is not None:
+                self._close(state, accountant, client_gone=True)
+
+    async def _pump(
+        self,
+        engine: EngineConfig,
+        upstream: httpx.Response,
+        state: _Request | None,
+        accountant: Any,
+        send: Send,
+    ) -> None:
+        worker = engine.worker
+        chunks = self.metrics.chunks.labels(worker)
+        sizes = self.metrics.bytes.labels(worker)
+        latency = self.metrics.added_latency.observe
+        clock = time.perf_counter
+        error: str | None = None
+        try:
+            async for chunk in upstream.aiter_raw():
+                arrived = clock()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                latency(clock() - arrived)
+                chunks.inc()
+                sizes.inc(len(chunk))
+                if state is not None:
+                    self._apply(state, accountant.feed(chunk))
+        except httpx.HTTPError as failure:
+            error = str(failure) or type(failure).__name__
+            self.metrics.upstream_errors.labels(worker).inc()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if state is not None:
+            if error is None and upstream.status_code >= 400:
+                error = f"status {upstream.status_code}"
+            self._close(state, accountant, upstream_error=error)
+
+    # ------------------------------------------------------------------ events
+
+    def _announce(
+        self, engine: EngineConfig, state: _Request, body: dict, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        now = time.time()
+        router_view = None
+        view = _header(headers, b"x-router-view")
+        if view:
+            with contextlib.suppress(msgspec.MsgspecError):  # a view that is not one: left out
+                router_view = msgspec.json.decode(view, type=dict[str, RouterView])
+        policy = _header(headers, b"x-router-policy") or self.config.policy
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            max_tokens = None
+        tokens, key = prompt_tokens_of(body), prompt_hash_of(body)
+        # the router announced the request itself, but not the n - 1 extra ones
+        ready = self.config.emit_ready or len(state.ids) > 1
+        for request_id in state.ids:
+            if ready:
+                self.sink.put(event_fields(ReadyEvent(
+                    ts=now, request_id=request_id, prompt_tokens=tokens, prompt_hash=key,
+                    max_tokens=max_tokens,
+                )))  # fmt: skip
+            self.sink.put(event_fields(DispatchEvent(
+                ts=now, request_id=request_id, worker=engine.worker, policy=policy,
+                router_view=router_view,
+            )))  # fmt: skip
+
+    def _apply(self, state: _Request, updates: list) -> None:
+        if not updates:
+            return
+        for u in updates:
+            if not 0 <= u.choice < len(state.ids) or state.finished[u.choice]:
+                continue
+            state.tokens[u.choice] = max(state.tokens[u.choice], u.tokens)
+            if u.finished:
+                self._finish(state, u.choice, u.tokens, u.estimated, u.reason, u.raw_reason)
+        now = time.monotonic()
+        if now - state.last_report >= self.config.progress_interval_s:
+            state.last_report = now
+            self._progress(state)
+
+    def _progress(self, state: _Request) -> None:
+        ts = time.time()
+        for i in range(len(state.ids)):
+            if not state.finished[i] and state.tokens[i] > state.reported[i]:
+                self._progress_event(state, i, state.tokens[i], True, ts)
+
+    def _progress_event(
+        self, state: _Request, i: int, generated: int, estimated: bool, ts: float
+    ) -> None:
+        state.reported[i] = generated
+        extra = _optional(ProgressEvent, estimated=estimated)
+        event = ProgressEvent(ts=ts, request_id=state.ids[i], generated=generated, **extra)
+        self.sink.put(event_fields(event))
+
+    def _finish(
+        self,
+        state: _Request,
+        i: int,
+        tokens: int,
+        estimated: bool,
+        reason: str | None,
+        raw_reason: str | None,
+    ) -> None:
+        """The choice's finish, after a last progress up to its count (progress then
+        equals the count, never more: an estimate is a lower bound)."""
+        if state.finished[i]:
+            return
+        ts = time.time()
+        if tokens > state.reported[i]:
+            self._progress_event(state, i, tokens, estimated, ts)
+        state.finished[i] = True
+        if estimated:
+            self.metrics.estimates.inc()
+        extra = _optional(FinishEvent, estimated=estimated, raw_reason=raw_reason)
+        finish = FinishEvent(ts=ts, request_id=state.ids[i], output_tokens=tokens,
+                             reason=reason or "error", **extra)  # fmt: skip
+        self.sink.put(event_fields(finish))
+
+    def _close(
+        self,
+        state: _Request,
+        accountant: Any,
+        *,
+        client_gone: bool = False,
+        upstream_error: str | None = None,
+    ) -> None:
+        """End every choice still open: what the accountant says, except that a refused
+        or broken request is an `error` (and a client gone, `cancelled`) whatever the
+        body said; a choice it leaves open ends the same way."""
+        if all(state.finished):
+            return
+        forced = "cancelled" if client_gone else ("error" if upstream_error else None)
+        for u in accountant.close(client_gone=client_gone, upstream_error=upstream_error):
+            if 0 <= u.choice < len(state.ids) and not state.finished[u.choice]:
+                tokens = max(state.tokens[u.choice], u.tokens)
+                keep = forced is None or u.reason in ("error", "cancelled")
+                reason = u.reason if keep else forced
+                self._finish(state, u.choice, tokens, u.estimated, reason, u.raw_reason)
+        for i in range(len(state.ids)):
+            if not state.finished[i]:
+                self._finish(state, i, state.tokens[i], True, forced or "error", None)
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: list | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": _JSON if headers is None else headers})  # fmt: skip
+    await send({"type": "http.response.body", "body": body, "more_body": False})

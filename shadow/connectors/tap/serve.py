@@ -1,0 +1,91 @@
+"""Running a tap: its event sink, its proxy and one uvicorn server per listener, in the
+current event loop, until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import httpx
+import uvicorn
+
+from shadow.connectors.sink import HttpEventSink
+from shadow.connectors.tap.config import EngineConfig, TapConfig, read_token
+from shadow.connectors.tap.proxy import TapProxy
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """Leaves signal handlers to the owner: several servers share one process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def make_sink(config: TapConfig) -> tuple[HttpEventSink, httpx.AsyncClient]:
+    """The sink to the service and its client, which carries the bearer token (the caller
+    closes it after the sink)."""
+    assert config.service is not None
+    token = read_token(config.token_file)
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    client = httpx.AsyncClient(timeout=10.0, headers=headers)
+    sink = HttpEventSink(config.service, source=config.source, fleet=config.fleet,
+                         max_buffer=config.max_buffer, client=client)  # fmt: skip
+    return sink, client
+
+
+class RunningTap:
+    """A started tap: `addresses` maps each listener (an engine's worker, or "shared",
+    or "metrics") to its URL."""
+
+    def __init__(self, config: TapConfig) -> None:
+        self.config = config
+        self.sink, self._sink_client = make_sink(config)
+        self.proxy = TapProxy(config, self.sink)
+        self.addresses: dict[str, str] = {}
+        self._servers: list[_Server] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> RunningTap:
+        await self.sink.start()
+        await self.proxy.start()
+        listeners: list[tuple[str, tuple[str, int], EngineConfig | None]] = []
+        if self.config.listen is not None:
+            listeners.append(("shared", self.config.listen, None))
+        if self.config.metrics_listen is not None:
+            listeners.append(("metrics", self.config.metrics_listen, None))
+        for engine in self.config.engines:
+            if engine.listen is not None:
+                listeners.append((engine.worker, engine.listen, engine))
+        for name, (host, port), engine in listeners:
+            server = _Server(uvicorn.Config(
+                self.proxy.app(engine), host=host, port=port, log_level="warning",
+                lifespan="off", timeout_keep_alive=120,
+            ))  # fmt: skip
+            self._servers.append(server)
+            self._tasks.append(asyncio.create_task(server.serve()))
+            while not server.started:
+                if self._tasks[-1].done():
+                    await self.stop()
+                    raise OSError(f"tap listener {name}: cannot listen on {host}:{port}")
+                await asyncio.sleep(0.01)
+            bound = server.servers[0].sockets[0].getsockname()[1] if port == 0 else port
+            self.addresses[name] = f"http://{host}:{bound}"
+        return self
+
+    async def serve_forever(self) -> None:
+        await asyncio.gather(*self._tasks)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        for task in self._tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+        await self.proxy.stop()
+        await self.sink.aclose()
+        await self._sink_client.aclose()
