@@ -204,7 +204,7 @@ class EventSender:
         source: str | None = None,
         flush_interval_s: float = 0.05,
         max_batch: int = 2000,
-        timeout_s: float = 2.0,
+        timeout_s: float = 10.0,
         retry_s: float = 1.0,
     ) -> None:
         self.config = config
@@ -217,6 +217,8 @@ class EventSender:
         self.retry_s = retry_s
         self._queue: deque[tuple[Any, ...]] = deque()
         self._max_queue = config.max_queue
+        #: events taken from the queue and not yet delivered (the batch being posted)
+        self.in_flight = 0
         self._seq = 0
         self._stop = threading.Event()
         parts = urlsplit(config.url)
@@ -243,14 +245,15 @@ class EventSender:
 
     def put(self, item: tuple[Any, ...]) -> None:
         """Queue one event (a tuple, encoded later); never blocks, never raises."""
-        if len(self._queue) < self._max_queue:
+        if len(self._queue) + self.in_flight < self._max_queue:  # what is held, all told
             self._queue.append(item)
         else:
             self.dropped += 1
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Events not yet delivered: waiting in the queue or in the batch being posted."""
+        return len(self._queue) + self.in_flight
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (for at most `timeout_s`) and stop the thread."""
@@ -274,6 +277,7 @@ class EventSender:
                 batch = self._take()
             if self._deliver(batch):
                 batch = []
+                self.in_flight = 0
             elif stopping:
                 return  # the service is down at shutdown: what is left is lost
             else:
@@ -283,7 +287,9 @@ class EventSender:
     def _take(self) -> list[bytes]:
         lines = []
         queue = self._queue
-        for _ in range(min(len(queue), self.max_batch)):
+        # counted before it leaves the queue: `queued` never reads 0 while a batch is out
+        self.in_flight = count = min(len(queue), self.max_batch)
+        for _ in range(count):
             lines.append(self._encode(queue.popleft()))
         return lines
 
@@ -333,7 +339,7 @@ class EventSender:
             self.failures += 1
             self._log_once("down", "shadow plugin: cannot reach %s (%s); %d events queued, "
                            "retrying", self.config.url, str(error) or type(error).__name__,
-                           len(self._queue) + len(batch))  # fmt: skip
+                           self.queued)  # fmt: skip
             return False
         if status >= 500 or status in (408, 429):
             self.failures += 1
@@ -407,7 +413,7 @@ class EventSender:
         ):
             yield CounterMetricFamily(f"shadow_plugin_events_{name}", text, value=value)
         yield GaugeMetricFamily("shadow_plugin_events_queued", "events waiting to be sent",
-                                value=len(self._queue))  # fmt: skip
+                                value=self.queued)  # fmt: skip
 
 
 _sender: EventSender | None = None
