@@ -8,7 +8,8 @@ emulator agree with our own assumptions. Two sources, both vLLM 0.32's serving c
   with dummy weights), one engine, requests sent one at a time. The truth of each
   request is the engine's own count: the change of `vllm:generation_tokens_total` on
   `/metrics` across the request (and `usage` where the client asked for it, which must
-  agree). Server A is plain (one output per chunk); server B runs `--stream-interval 4`
+  agree). Server A is plain (one output per chunk), server T names a tool parser
+  (forced tool calls); server B runs `--stream-interval 4`
   (multi-token chunks) and `--reasoning-parser deepseek_r1` (reasoning deltas).
 - `scripted`: vLLM's `OpenAIServingCompletion.completion_stream_generator` driven by a
   scripted generator of `RequestOutput`s, for what dummy weights cannot reach: finish
@@ -94,6 +95,10 @@ SERVER_A: list[tuple[str, str, dict[str, Any], str]] = [
     ("chat_nonstream", "chat", {"stream": False, "max_tokens": 20}, "length"),
     ("chat_stream_n2_no_usage", "chat", {"stream": True, "max_tokens": 12, "n": 2}, "length"),
     ("chat_nonstream_n2", "chat", {"stream": False, "max_tokens": 12, "n": 2}, "length"),
+]  # fmt: skip
+#: tool_choice "required" (vLLM forces the JSON with structured outputs) needs a tool
+#: parser enabled; llama3_json needs no special token in the vocabulary
+SERVER_T: list[tuple[str, str, dict[str, Any], str]] = [
     ("chat_tool_calls", "chat",
      {"stream": True, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required",
       "ignore_eos": False}, "tool_calls"),
@@ -101,6 +106,7 @@ SERVER_A: list[tuple[str, str, dict[str, Any], str]] = [
      {"stream": True, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required",
       "ignore_eos": False, "stream_options": USAGE}, "tool_calls"),
 ]  # fmt: skip
+TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"]
 SERVER_B: list[tuple[str, str, dict[str, Any], str]] = [
     ("cmpl_multitoken_no_usage", "completions", {"stream": True, "max_tokens": 30}, "length"),
     ("cmpl_multitoken_usage", "completions",
@@ -206,6 +212,9 @@ def record_server(out: Path, model: Path, extra: list[str], cases: list[Any]) ->
         with httpx.Client(timeout=120) as client:
             for case, endpoint, fields, finish in cases:
                 record_one(client, base, out, case, endpoint, fields, finish, extra)
+    except Exception:
+        print((model / "server.log").read_text(errors="replace")[-3000:], file=sys.stderr)
+        raise
     finally:
         stop_server(process)
 
@@ -391,6 +400,8 @@ def main() -> None:
             model = tiny_model_with_think_tokens(Path(tmp) / "model")
             if pick(SERVER_A):
                 record_server(args.out, model, [], pick(SERVER_A))
+            if pick(SERVER_T):
+                record_server(args.out, model, TOOL_ARGS, pick(SERVER_T))
             extra = ["--stream-interval", "4", "--reasoning-parser", "deepseek_r1"]
             if pick(SERVER_B):
                 record_server(args.out, model, extra, pick(SERVER_B))
