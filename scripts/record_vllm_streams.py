@@ -291,82 +291,142 @@ def _reasons_and_usage(text: bytes, stream: bool) -> tuple[dict[int, str], int |
 
 
 def scripted_cases() -> list[dict[str, Any]]:
-    """(token ids per output, finish and stop reason of the last) for each scripted case;
-    ids are of the tiny tokenizer, several of them single bytes of multi-byte characters."""
+    """Each case: `steps`, the engine outputs in order as (choice, token ids), and the
+    finish and stop reason of each choice's last output. Ids are of the tiny tokenizer,
+    several of them single bytes of multi-byte characters. An `error` finish makes vLLM's
+    serving code end the whole stream with an error object: choices still running then
+    end as `error` too (vLLM aborts them), with what they had generated."""
+    one = [(0, [300, 301]), (0, [302]), (0, [303]), (0, [303, 303]), (0, [303])]
     return [
-        {"case": "cmpl_repetition", "outputs": [[300, 301], [302], [303], [303, 303], [303]],
-         "finish_reason": "repetition", "stop_reason": None, "stream_options": None},
-        {"case": "cmpl_repetition_usage", "outputs": [[300], [301], [303, 303, 303], [303]],
-         "finish_reason": "repetition", "stop_reason": None, "stream_options": USAGE},
-        {"case": "cmpl_error_midstream", "outputs": [[410], [411, 412], [413], [414]],
-         "finish_reason": "error", "stop_reason": None, "stream_options": None},
-        {"case": "cmpl_error_midstream_usage", "outputs": [[410], [411], [412], []],
-         "finish_reason": "error", "stop_reason": None, "stream_options": USAGE},
-        {"case": "cmpl_recomputed", "outputs": [[500], [501, 502], [503], []],
-         "finish_reason": "stop", "stop_reason": "recomputed", "stream_options": None},
-        {"case": "cmpl_recomputed_usage", "outputs": [[500], [501], []],
-         "finish_reason": "stop", "stop_reason": "recomputed", "stream_options": USAGE},
+        {"case": "cmpl_repetition", "endpoint": "completions", "n": 1, "steps": one,
+         "finish": {0: ("repetition", None)}, "stream_options": None},
+        {"case": "cmpl_repetition_usage", "endpoint": "completions", "n": 1,
+         "steps": [(0, [300]), (0, [301]), (0, [303, 303, 303]), (0, [303])],
+         "finish": {0: ("repetition", None)}, "stream_options": USAGE},
+        {"case": "cmpl_error_midstream", "endpoint": "completions", "n": 1,
+         "steps": [(0, [410]), (0, [411, 412]), (0, [413]), (0, [414])],
+         "finish": {0: ("error", None)}, "stream_options": None},
+        {"case": "cmpl_error_midstream_usage", "endpoint": "completions", "n": 1,
+         "steps": [(0, [410]), (0, [411]), (0, [412]), (0, [])],
+         "finish": {0: ("error", None)}, "stream_options": USAGE},
+        {"case": "cmpl_recomputed", "endpoint": "completions", "n": 1,
+         "steps": [(0, [500]), (0, [501, 502]), (0, [503]), (0, [])],
+         "finish": {0: ("stop", "recomputed")}, "stream_options": None},
+        {"case": "cmpl_recomputed_usage", "endpoint": "completions", "n": 1,
+         "steps": [(0, [500]), (0, [501]), (0, [])],
+         "finish": {0: ("stop", "recomputed")}, "stream_options": USAGE},
+        {"case": "chat_repetition_usage", "endpoint": "chat", "n": 1, "steps": one,
+         "finish": {0: ("repetition", None)}, "stream_options": USAGE},
+        {"case": "chat_error_midstream_n2", "endpoint": "chat", "n": 2,
+         "steps": [(0, [600]), (1, [601]), (0, [602, 603]), (1, [604]), (0, [605]),
+                   (1, [606]), (1, [607])],
+         "finish": {0: ("length", None), 1: ("error", None)}, "stream_options": USAGE},
+        {"case": "cmpl_recomputed_n2_usage", "endpoint": "completions", "n": 2,
+         "steps": [(0, [700]), (1, [701]), (1, [702]), (0, [703, 704]), (1, []), (0, [705])],
+         "finish": {0: ("length", None), 1: ("stop", "recomputed")}, "stream_options": USAGE},
     ]  # fmt: skip
 
 
 def record_scripted(out: Path) -> None:
     from tokenizers import Tokenizer
-    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-    from vllm.outputs import CompletionOutput, RequestOutput
 
     from shadow.world.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = Tokenizer.from_file(str(build_tiny_model(Path(tmp)) / "tokenizer.json"))
-    # the serving object without an engine: the stream generator reads only these
-    serving = object.__new__(OpenAIServingCompletion)
+    for spec in scripted_cases():
+        record_scripted_case(out, tokenizer, spec)
+
+
+def _serving(endpoint: str) -> Any:
+    """vLLM's serving object without an engine: its stream generators read only these."""
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    cls = OpenAIServingChat if endpoint == "chat" else OpenAIServingCompletion
+    serving = object.__new__(cls)
     serving.enable_force_include_usage = False
     serving.enable_prompt_tokens_details = False
     serving.enable_per_request_metrics = False
     serving.system_fingerprint = None
+    if endpoint == "chat":
+        serving.parser_cls = None
+        serving.response_role = "assistant"
+        serving._include_reasoning_tokens_details = False
+        serving.enable_log_outputs = False
+        serving.request_logger = None
+    return serving
+
+
+def record_scripted_case(out: Path, tokenizer: Any, spec: dict[str, Any]) -> None:
+    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    case, endpoint, n = spec["case"], spec["endpoint"], spec["n"]
+    base = f"fixture-{case.replace('_', '-')}"
+    request_id = f"chatcmpl-{base}" if endpoint == "chat" else f"cmpl-{base}"
+    steps = spec["steps"]
+    last_step = {choice: k for k, (choice, _) in enumerate(steps)}
+    texts: list[str] = [""] * len(steps)
+    for choice in range(n):
+        mine = [k for k, (c, _) in enumerate(steps) if c == choice]
+        for k, text in zip(mine, _incremental_texts(tokenizer, [steps[k][1] for k in mine]),
+                           strict=True):  # fmt: skip
+            texts[k] = text
     prompt_ids = tokenizer.encode(PROMPT).ids
-
-    for spec in scripted_cases():
-        case = spec["case"]
-        request_id = f"cmpl-fixture-{case.replace('_', '-')}"
-        outputs = spec["outputs"]
-        texts = _incremental_texts(tokenizer, outputs)
-
-        async def results(outputs=outputs, texts=texts, spec=spec, request_id=request_id):
-            for k, (ids, text) in enumerate(zip(outputs, texts, strict=True)):
-                last = k == len(outputs) - 1
-                output = CompletionOutput(
-                    0, text, ids, None, None,
-                    finish_reason=spec["finish_reason"] if last else None,
-                    stop_reason=spec["stop_reason"] if last else None,
-                )  # fmt: skip
-                yield 0, RequestOutput(f"{request_id}-0", PROMPT, prompt_ids, None, [output], last)
-
-        fields: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 64,
-                                  "stream": True}  # fmt: skip
-        if spec["stream_options"]:
-            fields["stream_options"] = spec["stream_options"]
+    fields: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "stream": True, "n": n}
+    if spec["stream_options"]:
+        fields["stream_options"] = spec["stream_options"]
+    if endpoint == "chat":
+        fields["messages"] = MESSAGES
+        request: Any = ChatCompletionRequest(**fields)
+    else:
+        fields["prompt"] = PROMPT
         request = CompletionRequest(**fields)
 
-        async def collect(request=request, results=results, request_id=request_id) -> list[str]:
-            metadata = RequestResponseMetadata(request_id=request_id)
+    async def results() -> Any:
+        for k, (choice, ids) in enumerate(steps):
+            reason, stop = spec["finish"][choice] if last_step[choice] == k else (None, None)
+            output = CompletionOutput(choice, texts[k], ids, None, None,
+                                      finish_reason=reason, stop_reason=stop)  # fmt: skip
+            res = RequestOutput(f"{request_id}-0", PROMPT, prompt_ids, None, [output],
+                                k == len(steps) - 1)  # fmt: skip
+            yield res if endpoint == "chat" else (0, res)
+
+    async def collect() -> list[str]:
+        serving = _serving(endpoint)
+        metadata = RequestResponseMetadata(request_id=request_id)
+        if endpoint == "chat":
+            generator = serving.chat_completion_stream_generator(
+                request, results(), request_id, MODEL, [], None, metadata
+            )
+        else:
             generator = serving.completion_stream_generator(
                 request, [{}], results(), request_id, 1764547200, MODEL, 1, None, metadata
             )
-            return [piece async for piece in generator]
+        return [piece async for piece in generator]
 
-        pieces = asyncio.run(collect())
-        arrivals = [len(p.encode()) for p in pieces]
-        generated = sum(len(ids) for ids in outputs)
-        truth = [{"index": 0, "tokens": generated, "finish_reason": spec["finish_reason"],
-                  "stop_reason": spec["stop_reason"]}]  # fmt: skip
-        write_case(out, case, "".join(pieces).encode(), {
-            "source": "scripted", "endpoint": "completions", "stream": True, "n": 1,
-            "request": fields, "arrivals": arrivals,
-            "scripted_outputs": outputs, "truth": truth,
-        })  # fmt: skip
+    pieces = asyncio.run(collect())
+    # the truth: what each choice's engine outputs carried, up to the first error (vLLM
+    # stops reading the engine there and aborts the choices still running)
+    failed = next((k for k, (c, _) in enumerate(steps)
+                   if spec["finish"][c][0] == "error" and last_step[c] == k), None)  # fmt: skip
+    truth = []
+    for choice in range(n):
+        upto = len(steps) if failed is None else failed + 1
+        mine = [ids for c, ids in steps[:upto] if c == choice]
+        reason, stop = spec["finish"][choice]
+        if failed is not None and last_step[choice] > failed:
+            reason, stop = "error", None
+        truth.append({"index": choice, "tokens": sum(map(len, mine)), "finish_reason": reason,
+                      "stop_reason": stop})  # fmt: skip
+    write_case(out, case, "".join(pieces).encode(), {
+        "source": "scripted", "endpoint": endpoint, "stream": True, "n": n,
+        "request": fields, "arrivals": [len(p.encode()) for p in pieces],
+        "scripted_outputs": [[c, ids] for c, ids in steps], "truth": truth,
+    })  # fmt: skip
 
 
 def _incremental_texts(tokenizer: Any, outputs: list[list[int]]) -> list[str]:
