@@ -97,7 +97,7 @@ SERVER_A: list[tuple[str, str, dict[str, Any], str]] = [
     ("chat_nonstream_n2", "chat", {"stream": False, "max_tokens": 12, "n": 2}, "length"),
 ]  # fmt: skip
 #: tool_choice "required" (vLLM forces the JSON with structured outputs) needs a tool
-#: parser enabled; llama3_json needs no special token in the vocabulary
+#: parser enabled (hermes: its tokens need not be in the vocabulary; llama3_json's must)
 SERVER_T: list[tuple[str, str, dict[str, Any], str]] = [
     ("chat_tool_calls", "chat",
      {"stream": True, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required",
@@ -106,7 +106,7 @@ SERVER_T: list[tuple[str, str, dict[str, Any], str]] = [
      {"stream": True, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required",
       "ignore_eos": False, "stream_options": USAGE}, "tool_calls"),
 ]  # fmt: skip
-TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"]
+TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 SERVER_B: list[tuple[str, str, dict[str, Any], str]] = [
     ("cmpl_multitoken_no_usage", "completions", {"stream": True, "max_tokens": 30}, "length"),
     ("cmpl_multitoken_usage", "completions",
@@ -164,7 +164,8 @@ def start_server(model: Path, port: int, extra: list[str]) -> subprocess.Popen[b
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited; see {model / 'server.log'}")
+            tail = (model / "server.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"vLLM exited:\n{tail}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
                 return process
@@ -321,24 +322,41 @@ def scripted_cases() -> list[dict[str, Any]]:
          "steps": [(0, [600]), (1, [601]), (0, [602, 603]), (1, [604]), (0, [605]),
                    (1, [606]), (1, [607])],
          "finish": {0: ("length", None), 1: ("error", None)}, "stream_options": USAGE},
+        {"case": "chat_reasoning_scripted", "endpoint": "chat", "n": 1,
+         "reasoning_parser": "deepseek_r1",
+         "steps": [(0, [300, 301]), (0, [302]), (0, [THINK_END]), (0, [303, 304]), (0, [305])],
+         "finish": {0: ("length", None)}, "stream_options": None},
+        {"case": "chat_reasoning_scripted_usage", "endpoint": "chat", "n": 1,
+         "reasoning_parser": "deepseek_r1",
+         "steps": [(0, [310]), (0, [311, 312, 313]), (0, [THINK_END, 314]), (0, [315])],
+         "finish": {0: ("stop", None)}, "stream_options": USAGE},
         {"case": "cmpl_recomputed_n2_usage", "endpoint": "completions", "n": 2,
          "steps": [(0, [700]), (1, [701]), (1, [702]), (0, [703, 704]), (1, []), (0, [705])],
          "finish": {0: ("length", None), 1: ("stop", "recomputed")}, "stream_options": USAGE},
     ]  # fmt: skip
 
 
+#: stands for `</think>` in scripted steps (its id is known once the tokenizer is built)
+THINK_END = -1
+
+
 def record_scripted(out: Path) -> None:
     from tokenizers import Tokenizer
-
-    from shadow.world.tiny_model import build_tiny_model
+    from vllm.tokenizers import get_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = Tokenizer.from_file(str(build_tiny_model(Path(tmp)) / "tokenizer.json"))
+        model = tiny_model_with_think_tokens(Path(tmp) / "model")
+        tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+        hf_tokenizer = get_tokenizer(str(model))
+    end = tokenizer.token_to_id("</think>")
     for spec in scripted_cases():
-        record_scripted_case(out, tokenizer, spec)
+        spec["steps"] = [
+            (c, [end if t == THINK_END else t for t in ids]) for c, ids in spec["steps"]
+        ]
+        record_scripted_case(out, tokenizer, hf_tokenizer, spec)
 
 
-def _serving(endpoint: str) -> Any:
+def _serving(endpoint: str, reasoning_parser: str | None, hf_tokenizer: Any) -> Any:
     """vLLM's serving object without an engine: its stream generators read only these."""
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
@@ -351,14 +369,23 @@ def _serving(endpoint: str) -> Any:
     serving.system_fingerprint = None
     if endpoint == "chat":
         serving.parser_cls = None
+        serving.model_config = None
+        if reasoning_parser:
+            from vllm.parser.parser_manager import ParserManager
+
+            serving.parser_cls = ParserManager.get_parser(
+                reasoning_parser_name=reasoning_parser, tokenizer=hf_tokenizer
+            )
         serving.response_role = "assistant"
-        serving._include_reasoning_tokens_details = False
+        serving._include_reasoning_tokens_details = bool(reasoning_parser)
         serving.enable_log_outputs = False
         serving.request_logger = None
     return serving
 
 
-def record_scripted_case(out: Path, tokenizer: Any, spec: dict[str, Any]) -> None:
+def record_scripted_case(
+    out: Path, tokenizer: Any, hf_tokenizer: Any, spec: dict[str, Any]
+) -> None:
     from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -396,11 +423,11 @@ def record_scripted_case(out: Path, tokenizer: Any, spec: dict[str, Any]) -> Non
             yield res if endpoint == "chat" else (0, res)
 
     async def collect() -> list[str]:
-        serving = _serving(endpoint)
+        serving = _serving(endpoint, spec.get("reasoning_parser"), hf_tokenizer)
         metadata = RequestResponseMetadata(request_id=request_id)
         if endpoint == "chat":
             generator = serving.chat_completion_stream_generator(
-                request, results(), request_id, MODEL, [], None, metadata
+                request, results(), request_id, MODEL, [], hf_tokenizer, metadata
             )
         else:
             generator = serving.completion_stream_generator(
@@ -426,6 +453,7 @@ def record_scripted_case(out: Path, tokenizer: Any, spec: dict[str, Any]) -> Non
         "source": "scripted", "endpoint": endpoint, "stream": True, "n": n,
         "request": fields, "arrivals": [len(p.encode()) for p in pieces],
         "scripted_outputs": [[c, ids] for c, ids in steps], "truth": truth,
+        "reasoning_parser": spec.get("reasoning_parser"),
     })  # fmt: skip
 
 
