@@ -330,12 +330,21 @@ def scripted_cases() -> list[dict[str, Any]]:
          "reasoning_parser": "deepseek_r1",
          "steps": [(0, [310]), (0, [311, 312, 313]), (0, [THINK_END, 314]), (0, [315])],
          "finish": {0: ("stop", None)}, "stream_options": USAGE},
+        {"case": "chat_tool_calls_scripted", "endpoint": "chat", "n": 1,
+         "tool_parser": "hermes", "text": TOOL_TEXT, "per_step": 2,
+         "finish": {0: ("stop", None)}, "served_finish": "tool_calls", "stream_options": None},
+        {"case": "chat_tool_calls_scripted_usage", "endpoint": "chat", "n": 1,
+         "tool_parser": "hermes", "text": TOOL_TEXT, "per_step": 3,
+         "finish": {0: ("stop", None)}, "served_finish": "tool_calls", "stream_options": USAGE},
         {"case": "cmpl_recomputed_n2_usage", "endpoint": "completions", "n": 2,
          "steps": [(0, [700]), (1, [701]), (1, [702]), (0, [703, 704]), (1, []), (0, [705])],
          "finish": {0: ("length", None), 1: ("stop", "recomputed")}, "stream_options": USAGE},
     ]  # fmt: skip
 
 
+#: a hermes-style tool call as a model writes it; vLLM's hermes parser streams it as
+#: `tool_calls` deltas and serves the engine's `stop` as `tool_calls`
+TOOL_TEXT = '<tool_call>\n{"name": "route", "arguments": {"worker": "w1"}}\n</tool_call>'
 #: stands for `</think>` in scripted steps (its id is known once the tokenizer is built)
 THINK_END = -1
 
@@ -350,13 +359,18 @@ def record_scripted(out: Path) -> None:
         hf_tokenizer = get_tokenizer(str(model))
     end = tokenizer.token_to_id("</think>")
     for spec in scripted_cases():
+        if "text" in spec:  # the text as the engine would emit it, `per_step` tokens each
+            ids, k = tokenizer.encode(spec["text"]).ids, spec["per_step"]
+            spec["steps"] = [(0, ids[i : i + k]) for i in range(0, len(ids), k)]
         spec["steps"] = [
             (c, [end if t == THINK_END else t for t in ids]) for c, ids in spec["steps"]
         ]
         record_scripted_case(out, tokenizer, hf_tokenizer, spec)
 
 
-def _serving(endpoint: str, reasoning_parser: str | None, hf_tokenizer: Any) -> Any:
+def _serving(
+    endpoint: str, reasoning_parser: str | None, hf_tokenizer: Any, tool_parser: str | None = None
+) -> Any:
     """vLLM's serving object without an engine: its stream generators read only these."""
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
@@ -375,6 +389,13 @@ def _serving(endpoint: str, reasoning_parser: str | None, hf_tokenizer: Any) -> 
 
             serving.parser_cls = ParserManager.get_parser(
                 reasoning_parser_name=reasoning_parser, tokenizer=hf_tokenizer
+            )
+        if tool_parser:
+            from vllm.parser.parser_manager import ParserManager
+
+            serving.enable_auto_tools = True
+            serving.parser_cls = ParserManager.get_parser(
+                tool_parser_name=tool_parser, enable_auto_tools=True, tokenizer=hf_tokenizer
             )
         serving.response_role = "assistant"
         serving._include_reasoning_tokens_details = bool(reasoning_parser)
@@ -408,6 +429,8 @@ def record_scripted_case(
         fields["stream_options"] = spec["stream_options"]
     if endpoint == "chat":
         fields["messages"] = MESSAGES
+        if spec.get("tool_parser"):
+            fields["tools"], fields["tool_choice"] = TOOLS, "auto"
         request: Any = ChatCompletionRequest(**fields)
     else:
         fields["prompt"] = PROMPT
@@ -423,7 +446,9 @@ def record_scripted_case(
             yield res if endpoint == "chat" else (0, res)
 
     async def collect() -> list[str]:
-        serving = _serving(endpoint, spec.get("reasoning_parser"), hf_tokenizer)
+        serving = _serving(
+            endpoint, spec.get("reasoning_parser"), hf_tokenizer, spec.get("tool_parser")
+        )
         metadata = RequestResponseMetadata(request_id=request_id)
         if endpoint == "chat":
             generator = serving.chat_completion_stream_generator(
@@ -447,13 +472,15 @@ def record_scripted_case(
         reason, stop = spec["finish"][choice]
         if failed is not None and last_step[choice] > failed:
             reason, stop = "error", None
+        reason = spec.get("served_finish", reason)  # what vLLM tells the client
         truth.append({"index": choice, "tokens": sum(map(len, mine)), "finish_reason": reason,
                       "stop_reason": stop})  # fmt: skip
     write_case(out, case, "".join(pieces).encode(), {
         "source": "scripted", "endpoint": endpoint, "stream": True, "n": n,
         "request": fields, "arrivals": [len(p.encode()) for p in pieces],
         "scripted_outputs": [[c, ids] for c, ids in steps], "truth": truth,
-        "reasoning_parser": spec.get("reasoning_parser"),
+        "reasoning_parser": spec.get("reasoning_parser"), "tool_parser": spec.get("tool_parser"),
+        "engine_finish": {c: f[0] for c, f in spec["finish"].items()},
     })  # fmt: skip
 
 
