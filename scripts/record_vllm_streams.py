@@ -14,7 +14,10 @@ emulator agree with our own assumptions. Two sources, both vLLM 0.32's serving c
   scripted generator of `RequestOutput`s, for what dummy weights cannot reach: finish
   `repetition`, an engine failure mid-stream (finish `error`, which vLLM turns into
   `data: {"error": ...}` then `[DONE]`), and vllm-ascend's `stop` / `stop_reason:
-  "recomputed"` (its last output carries no token). The truth is the scripted token ids.
+  "recomputed"` (its last output carries no token), and tool calls (a call forced with
+  `tool_choice: "required"` on dummy weights wanders inside the JSON grammar until
+  `max_tokens`; the chat serving code with vLLM's hermes tool parser streams a scripted
+  call as `tool_calls` deltas). The truth is the scripted token ids.
 
 Each case is `<case>.bin` (the body exactly as read from the socket, or as yielded by the
 serving code) and `<case>.json` (the request, how the bytes arrived, and the truth per
@@ -94,12 +97,6 @@ SERVER_A: list[tuple[str, str, dict[str, Any], str]] = [
     ("chat_nonstream", "chat", {"stream": False, "max_tokens": 20}, "length"),
     ("chat_stream_n2_no_usage", "chat", {"stream": True, "max_tokens": 12, "n": 2}, "length"),
     ("chat_nonstream_n2", "chat", {"stream": False, "max_tokens": 12, "n": 2}, "length"),
-    ("chat_tool_calls", "chat",
-     {"stream": True, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required",
-      "ignore_eos": False}, "tool_calls"),
-    ("chat_tool_calls_usage", "chat",
-     {"stream": True, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required",
-      "ignore_eos": False, "stream_options": USAGE}, "tool_calls"),
 ]  # fmt: skip
 SERVER_B: list[tuple[str, str, dict[str, Any], str]] = [
     ("cmpl_multitoken_no_usage", "completions", {"stream": True, "max_tokens": 30}, "length"),
@@ -158,7 +155,8 @@ def start_server(model: Path, port: int, extra: list[str]) -> subprocess.Popen[b
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited; see {model / 'server.log'}")
+            tail = (model / "server.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"vLLM exited:\n{tail}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
                 return process
@@ -206,6 +204,9 @@ def record_server(out: Path, model: Path, extra: list[str], cases: list[Any]) ->
         with httpx.Client(timeout=120) as client:
             for case, endpoint, fields, finish in cases:
                 record_one(client, base, out, case, endpoint, fields, finish, extra)
+    except Exception:
+        print((model / "server.log").read_text(errors="replace")[-3000:], file=sys.stderr)
+        raise
     finally:
         stop_server(process)
 
@@ -282,82 +283,196 @@ def _reasons_and_usage(text: bytes, stream: bool) -> tuple[dict[int, str], int |
 
 
 def scripted_cases() -> list[dict[str, Any]]:
-    """(token ids per output, finish and stop reason of the last) for each scripted case;
-    ids are of the tiny tokenizer, several of them single bytes of multi-byte characters."""
+    """Each case: `steps`, the engine outputs in order as (choice, token ids), and the
+    finish and stop reason of each choice's last output. Ids are of the tiny tokenizer,
+    several of them single bytes of multi-byte characters. An `error` finish makes vLLM's
+    serving code end the whole stream with an error object: choices still running then
+    end as `error` too (vLLM aborts them), with what they had generated."""
+    one = [(0, [300, 301]), (0, [302]), (0, [303]), (0, [303, 303]), (0, [303])]
     return [
-        {"case": "cmpl_repetition", "outputs": [[300, 301], [302], [303], [303, 303], [303]],
-         "finish_reason": "repetition", "stop_reason": None, "stream_options": None},
-        {"case": "cmpl_repetition_usage", "outputs": [[300], [301], [303, 303, 303], [303]],
-         "finish_reason": "repetition", "stop_reason": None, "stream_options": USAGE},
-        {"case": "cmpl_error_midstream", "outputs": [[410], [411, 412], [413], [414]],
-         "finish_reason": "error", "stop_reason": None, "stream_options": None},
-        {"case": "cmpl_error_midstream_usage", "outputs": [[410], [411], [412], []],
-         "finish_reason": "error", "stop_reason": None, "stream_options": USAGE},
-        {"case": "cmpl_recomputed", "outputs": [[500], [501, 502], [503], []],
-         "finish_reason": "stop", "stop_reason": "recomputed", "stream_options": None},
-        {"case": "cmpl_recomputed_usage", "outputs": [[500], [501], []],
-         "finish_reason": "stop", "stop_reason": "recomputed", "stream_options": USAGE},
+        {"case": "cmpl_repetition", "endpoint": "completions", "n": 1, "steps": one,
+         "finish": {0: ("repetition", None)}, "stream_options": None},
+        {"case": "cmpl_repetition_usage", "endpoint": "completions", "n": 1,
+         "steps": [(0, [300]), (0, [301]), (0, [303, 303, 303]), (0, [303])],
+         "finish": {0: ("repetition", None)}, "stream_options": USAGE},
+        {"case": "cmpl_error_midstream", "endpoint": "completions", "n": 1,
+         "steps": [(0, [410]), (0, [411, 412]), (0, [413]), (0, [414])],
+         "finish": {0: ("error", None)}, "stream_options": None},
+        {"case": "cmpl_error_midstream_usage", "endpoint": "completions", "n": 1,
+         "steps": [(0, [410]), (0, [411]), (0, [412]), (0, [])],
+         "finish": {0: ("error", None)}, "stream_options": USAGE},
+        {"case": "cmpl_recomputed", "endpoint": "completions", "n": 1,
+         "steps": [(0, [500]), (0, [501, 502]), (0, [503]), (0, [])],
+         "finish": {0: ("stop", "recomputed")}, "stream_options": None},
+        {"case": "cmpl_recomputed_usage", "endpoint": "completions", "n": 1,
+         "steps": [(0, [500]), (0, [501]), (0, [])],
+         "finish": {0: ("stop", "recomputed")}, "stream_options": USAGE},
+        {"case": "chat_repetition_usage", "endpoint": "chat", "n": 1, "steps": one,
+         "finish": {0: ("repetition", None)}, "stream_options": USAGE},
+        {"case": "chat_error_midstream_n2", "endpoint": "chat", "n": 2,
+         "steps": [(0, [600]), (1, [601]), (0, [602, 603]), (1, [604]), (0, [605]),
+                   (1, [606]), (1, [607])],
+         "finish": {0: ("length", None), 1: ("error", None)}, "stream_options": USAGE},
+        {"case": "chat_reasoning_scripted", "endpoint": "chat", "n": 1,
+         "reasoning_parser": "deepseek_r1",
+         "steps": [(0, [300, 301]), (0, [302]), (0, [THINK_END]), (0, [303, 304]), (0, [305])],
+         "finish": {0: ("length", None)}, "stream_options": None},
+        {"case": "chat_reasoning_scripted_usage", "endpoint": "chat", "n": 1,
+         "reasoning_parser": "deepseek_r1",
+         "steps": [(0, [310]), (0, [311, 312, 313]), (0, [THINK_END, 314]), (0, [315])],
+         "finish": {0: ("stop", None)}, "stream_options": USAGE},
+        {"case": "chat_tool_calls_scripted", "endpoint": "chat", "n": 1,
+         "tool_parser": "hermes", "text": TOOL_TEXT, "per_step": 2,
+         "finish": {0: ("stop", None)}, "served_finish": "tool_calls", "stream_options": None},
+        {"case": "chat_tool_calls_scripted_usage", "endpoint": "chat", "n": 1,
+         "tool_parser": "hermes", "text": TOOL_TEXT, "per_step": 3,
+         "finish": {0: ("stop", None)}, "served_finish": "tool_calls", "stream_options": USAGE},
+        {"case": "cmpl_recomputed_n2_usage", "endpoint": "completions", "n": 2,
+         "steps": [(0, [700]), (1, [701]), (1, [702]), (0, [703, 704]), (1, []), (0, [705])],
+         "finish": {0: ("length", None), 1: ("stop", "recomputed")}, "stream_options": USAGE},
     ]  # fmt: skip
+
+
+#: a hermes-style tool call as a model writes it; vLLM's hermes parser streams it as
+#: `tool_calls` deltas and serves the engine's `stop` as `tool_calls`
+TOOL_TEXT = '<tool_call>\n{"name": "route", "arguments": {"worker": "w1"}}\n</tool_call>'
+#: stands for `</think>` in scripted steps (its id is known once the tokenizer is built)
+THINK_END = -1
 
 
 def record_scripted(out: Path) -> None:
     from tokenizers import Tokenizer
-    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-    from vllm.outputs import CompletionOutput, RequestOutput
-
-    from shadow.world.tiny_model import build_tiny_model
+    from vllm.tokenizers import get_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = Tokenizer.from_file(str(build_tiny_model(Path(tmp)) / "tokenizer.json"))
-    # the serving object without an engine: the stream generator reads only these
-    serving = object.__new__(OpenAIServingCompletion)
+        model = tiny_model_with_think_tokens(Path(tmp) / "model")
+        tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+        hf_tokenizer = get_tokenizer(str(model))
+    end = tokenizer.token_to_id("</think>")
+    for spec in scripted_cases():
+        if "text" in spec:  # the text as the engine would emit it, `per_step` tokens each
+            ids, k = tokenizer.encode(spec["text"]).ids, spec["per_step"]
+            spec["steps"] = [(0, ids[i : i + k]) for i in range(0, len(ids), k)]
+        spec["steps"] = [
+            (c, [end if t == THINK_END else t for t in ids]) for c, ids in spec["steps"]
+        ]
+        record_scripted_case(out, tokenizer, hf_tokenizer, spec)
+
+
+def _serving(
+    endpoint: str, reasoning_parser: str | None, hf_tokenizer: Any, tool_parser: str | None = None
+) -> Any:
+    """vLLM's serving object without an engine: its stream generators read only these."""
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    cls = OpenAIServingChat if endpoint == "chat" else OpenAIServingCompletion
+    serving = object.__new__(cls)
     serving.enable_force_include_usage = False
     serving.enable_prompt_tokens_details = False
     serving.enable_per_request_metrics = False
     serving.system_fingerprint = None
+    if endpoint == "chat":
+        serving.parser_cls = None
+        serving.model_config = None
+        if reasoning_parser:
+            from vllm.parser.parser_manager import ParserManager
+
+            serving.parser_cls = ParserManager.get_parser(
+                reasoning_parser_name=reasoning_parser, tokenizer=hf_tokenizer
+            )
+        if tool_parser:
+            from vllm.parser.parser_manager import ParserManager
+
+            serving.enable_auto_tools = True
+            serving.parser_cls = ParserManager.get_parser(
+                tool_parser_name=tool_parser, enable_auto_tools=True, tokenizer=hf_tokenizer
+            )
+        serving.response_role = "assistant"
+        serving._include_reasoning_tokens_details = bool(reasoning_parser)
+        serving.enable_log_outputs = False
+        serving.request_logger = None
+    return serving
+
+
+def record_scripted_case(
+    out: Path, tokenizer: Any, hf_tokenizer: Any, spec: dict[str, Any]
+) -> None:
+    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    case, endpoint, n = spec["case"], spec["endpoint"], spec["n"]
+    base = f"fixture-{case.replace('_', '-')}"
+    request_id = f"chatcmpl-{base}" if endpoint == "chat" else f"cmpl-{base}"
+    steps = spec["steps"]
+    last_step = {choice: k for k, (choice, _) in enumerate(steps)}
+    texts: list[str] = [""] * len(steps)
+    for choice in range(n):
+        mine = [k for k, (c, _) in enumerate(steps) if c == choice]
+        for k, text in zip(mine, _incremental_texts(tokenizer, [steps[k][1] for k in mine]),
+                           strict=True):  # fmt: skip
+            texts[k] = text
     prompt_ids = tokenizer.encode(PROMPT).ids
-
-    for spec in scripted_cases():
-        case = spec["case"]
-        request_id = f"cmpl-fixture-{case.replace('_', '-')}"
-        outputs = spec["outputs"]
-        texts = _incremental_texts(tokenizer, outputs)
-
-        async def results(outputs=outputs, texts=texts, spec=spec, request_id=request_id):
-            for k, (ids, text) in enumerate(zip(outputs, texts, strict=True)):
-                last = k == len(outputs) - 1
-                output = CompletionOutput(
-                    0, text, ids, None, None,
-                    finish_reason=spec["finish_reason"] if last else None,
-                    stop_reason=spec["stop_reason"] if last else None,
-                )  # fmt: skip
-                yield 0, RequestOutput(f"{request_id}-0", PROMPT, prompt_ids, None, [output], last)
-
-        fields: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 64,
-                                  "stream": True}  # fmt: skip
-        if spec["stream_options"]:
-            fields["stream_options"] = spec["stream_options"]
+    fields: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "stream": True, "n": n}
+    if spec["stream_options"]:
+        fields["stream_options"] = spec["stream_options"]
+    if endpoint == "chat":
+        fields["messages"] = MESSAGES
+        if spec.get("tool_parser"):
+            fields["tools"], fields["tool_choice"] = TOOLS, "auto"
+        request: Any = ChatCompletionRequest(**fields)
+    else:
+        fields["prompt"] = PROMPT
         request = CompletionRequest(**fields)
 
-        async def collect(request=request, results=results, request_id=request_id) -> list[str]:
-            metadata = RequestResponseMetadata(request_id=request_id)
+    async def results() -> Any:
+        for k, (choice, ids) in enumerate(steps):
+            reason, stop = spec["finish"][choice] if last_step[choice] == k else (None, None)
+            output = CompletionOutput(choice, texts[k], ids, None, None,
+                                      finish_reason=reason, stop_reason=stop)  # fmt: skip
+            res = RequestOutput(f"{request_id}-0", PROMPT, prompt_ids, None, [output],
+                                k == len(steps) - 1)  # fmt: skip
+            yield res if endpoint == "chat" else (0, res)
+
+    async def collect() -> list[str]:
+        serving = _serving(
+            endpoint, spec.get("reasoning_parser"), hf_tokenizer, spec.get("tool_parser")
+        )
+        metadata = RequestResponseMetadata(request_id=request_id)
+        if endpoint == "chat":
+            generator = serving.chat_completion_stream_generator(
+                request, results(), request_id, MODEL, [], hf_tokenizer, metadata
+            )
+        else:
             generator = serving.completion_stream_generator(
                 request, [{}], results(), request_id, 1764547200, MODEL, 1, None, metadata
             )
-            return [piece async for piece in generator]
+        return [piece async for piece in generator]
 
-        pieces = asyncio.run(collect())
-        arrivals = [len(p.encode()) for p in pieces]
-        generated = sum(len(ids) for ids in outputs)
-        truth = [{"index": 0, "tokens": generated, "finish_reason": spec["finish_reason"],
-                  "stop_reason": spec["stop_reason"]}]  # fmt: skip
-        write_case(out, case, "".join(pieces).encode(), {
-            "source": "scripted", "endpoint": "completions", "stream": True, "n": 1,
-            "request": fields, "arrivals": arrivals,
-            "scripted_outputs": outputs, "truth": truth,
-        })  # fmt: skip
+    pieces = asyncio.run(collect())
+    # the truth: what each choice's engine outputs carried, up to the first error (vLLM
+    # stops reading the engine there and aborts the choices still running)
+    failed = next((k for k, (c, _) in enumerate(steps)
+                   if spec["finish"][c][0] == "error" and last_step[c] == k), None)  # fmt: skip
+    truth = []
+    for choice in range(n):
+        upto = len(steps) if failed is None else failed + 1
+        mine = [ids for c, ids in steps[:upto] if c == choice]
+        reason, stop = spec["finish"][choice]
+        if failed is not None and last_step[choice] > failed:
+            reason, stop = "error", None
+        reason = spec.get("served_finish", reason)  # what vLLM tells the client
+        truth.append({"index": choice, "tokens": sum(map(len, mine)), "finish_reason": reason,
+                      "stop_reason": stop})  # fmt: skip
+    write_case(out, case, "".join(pieces).encode(), {
+        "source": "scripted", "endpoint": endpoint, "stream": True, "n": n,
+        "request": fields, "arrivals": [len(p.encode()) for p in pieces],
+        "scripted_outputs": [[c, ids] for c, ids in steps], "truth": truth,
+        "reasoning_parser": spec.get("reasoning_parser"), "tool_parser": spec.get("tool_parser"),
+        "engine_finish": {c: f[0] for c, f in spec["finish"].items()},
+    })  # fmt: skip
 
 
 def _incremental_texts(tokenizer: Any, outputs: list[list[int]]) -> list[str]:

@@ -43,6 +43,9 @@ _TOKENLESS_REASONS = frozenset({"abort", "error", "recomputed", "cancelled"})
 RECOMPUTED = "recomputed"
 _DONE = b"[DONE]"
 _HEAD_LIMIT = 1 << 16
+#: choices beyond this index are ignored: memory stays bounded whatever the upstream sends
+#: (vLLM numbers completions' choices prompt * n + i, so a batch of prompts goes far)
+MAX_CHOICES = 4096
 _decode = msgspec.json.Decoder().decode
 
 
@@ -202,7 +205,7 @@ class StreamAccountant:
         self, entry: dict[str, Any], usage: int | None, updates: list[Update]
     ) -> None:
         index = entry.get("index", 0)
-        if not isinstance(index, int) or index < 0:
+        if not isinstance(index, int) or not 0 <= index < MAX_CHOICES:
             return
         choice = self._choices.setdefault(index, _Choice())
         if choice.finished:
@@ -265,9 +268,10 @@ class StreamAccountant:
             self._error(updates)
             return
         for entry in message.get("choices") or ():
-            if not isinstance(entry, dict) or not isinstance(entry.get("index", 0), int):
+            index = entry.get("index", 0) if isinstance(entry, dict) else None
+            if not isinstance(index, int) or not 0 <= index < MAX_CHOICES:
                 continue
-            choice = self._choices.setdefault(entry.get("index", 0), _Choice())
+            choice = self._choices.setdefault(index, _Choice())
             reason = entry.get("finish_reason")
             reason = reason if isinstance(reason, str) and reason else None
             if self._carries_output(entry, reason, entry.get("stop_reason")):
