@@ -105,6 +105,8 @@ def test_streaming_completion_matches_vllm_and_digest_matches_received_bytes() -
                         "logprobs": None,
                         "finish_reason": "length" if i == 6 else None,
                         "stop_reason": None,
+                        "prompt_token_ids": None,  # vLLM 0.32 writes both as null
+                        "token_ids": None,
                     }
                 ],
             }
@@ -171,7 +173,13 @@ def test_non_streaming_json_models_health_and_errors() -> None:
         assert data["id"] == "cmpl-plain" and data["object"] == "text_completion"
         assert data["choices"][0]["text"] == " tok0 tok1 tok2"
         assert data["choices"][0]["finish_reason"] == "length"
-        assert data["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+        assert data["usage"] == {
+            "prompt_tokens": 2,
+            "completion_tokens": 3,
+            "total_tokens": 5,
+            "prompt_tokens_details": None,  # vLLM 0.32's non-streaming usage has both
+            "completion_tokens_details": None,
+        }
         assert fleet.sent_digests["plain"] == hashlib.sha256(response.content).hexdigest()
 
         chat = await client.post(

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from shadow.events import (
     EVENT_TYPES,
+    FINISH_REASONS,
     SCHEMA_VERSION,
     DispatchEvent,
     EngineStepEvent,
@@ -51,8 +52,17 @@ ONE_OF_EACH = [
         "policy": "vllm-dplb",
         "router_view": {"w0": {"running": 3, "waiting": 1}, "w1": {"tokens": 9000}},
     },
-    {"type": "progress", "ts": 2.0, "request_id": "r1", "generated": 64},
-    {"type": "finish", "ts": 3.0, "request_id": "r1", "output_tokens": 100, "reason": "length"},
+    {"type": "progress", "ts": 2.0, "request_id": "r1", "generated": 64, "estimated": True},
+    {
+        "type": "finish",
+        "ts": 3.0,
+        "request_id": "r1",
+        "output_tokens": 100,
+        "reason": "length",
+        "raw_reason": "length",
+        "estimated": False,
+        "from_engine": True,
+    },
     {
         "type": "engine_step",
         "ts": 3.0,
@@ -62,6 +72,7 @@ ONE_OF_EACH = [
         "running": 64,
         "kv_tokens": 331000,
         "waiting": 2,
+        "tokens": 64,
     },
 ]
 CLASSES = [WorkerEvent, ReadyEvent, DispatchEvent, ProgressEvent, FinishEvent, EngineStepEvent]
@@ -88,6 +99,28 @@ def one_error(item: object) -> EventError:
 def test_schema_constants():
     assert SCHEMA_VERSION == 1
     assert EVENT_TYPES == ("worker", "ready", "dispatch", "progress", "finish", "engine_step")
+    assert {
+        "stop", "length", "abort", "error", "cancelled", "tool_calls", "repetition", "recomputed"
+    } == FINISH_REASONS  # fmt: skip
+
+
+@pytest.mark.parametrize("reason", [*sorted(FINISH_REASONS), "content_filter", "a" * 32, "x_9"])
+def test_every_reason_word_is_a_finish_kept_as_sent(reason):
+    """An engine's new finish reason is kept, never a lost finish (vLLM sends `tool_calls`
+    and `repetition`, which a closed list refused)."""
+    raw = {"type": "finish", "ts": 1.0, "request_id": "r", "output_tokens": 3, "reason": reason}
+    for event in (validate_json(json.dumps(raw)), validate_python(raw)):
+        assert isinstance(event, FinishEvent) and event.reason == reason
+        assert (event.raw_reason, event.estimated, event.from_engine) == (None, None, None)
+    assert "estimated" not in event_to_json(event)
+
+
+@pytest.mark.parametrize("reason", ["", "Stop", "stop\n", "_x", "9", "a" * 33, "stop it", "é"])
+def test_a_reason_that_is_not_a_word_is_refused_by_both(reason):
+    raw = {"type": "finish", "ts": 1.0, "request_id": "r", "output_tokens": 3, "reason": reason}
+    error = one_error(raw)
+    assert error.field == "reason"
+    assert "lowercase word" in error.message or "must not be empty" in error.message
 
 
 @pytest.mark.parametrize("raw", ONE_OF_EACH, ids=[e["type"] for e in ONE_OF_EACH])
@@ -220,9 +253,68 @@ def test_fleet_and_source_charset_rejects(field, name):
             "field 'state': must be one of 'up', 'down' or 'draining', got 'gone'",
         ),
         (
-            {"type": "finish", "ts": 0, "request_id": "r", "output_tokens": 3, "reason": "ok"},
+            {"type": "finish", "ts": 0, "request_id": "r", "output_tokens": 3, "reason": "OK"},
             "reason",
-            "field 'reason': must be one of 'stop', 'length', 'abort', 'error' or 'cancelled'",
+            "field 'reason': must be a lowercase word: a letter, then up to 31 of a-z, 0-9, '_'",
+        ),
+        (
+            {"type": "finish", "ts": 0, "request_id": "r", "output_tokens": 3, "reason": 7},
+            "reason",
+            "field 'reason': must be a string, got 7",
+        ),
+        (
+            {
+                "type": "finish",
+                "ts": 0,
+                "request_id": "r",
+                "output_tokens": 3,
+                "reason": "stop",
+                "estimated": "yes",
+            },
+            "estimated",
+            "field 'estimated': must be true or false, got 'yes'",
+        ),
+        (
+            {
+                "type": "finish",
+                "ts": 0,
+                "request_id": "r",
+                "output_tokens": 3,
+                "reason": "stop",
+                "from_engine": 1,
+            },
+            "from_engine",
+            "field 'from_engine': must be true or false, got 1",
+        ),
+        (
+            {
+                "type": "finish",
+                "ts": 0,
+                "request_id": "r",
+                "output_tokens": 3,
+                "reason": "stop",
+                "raw_reason": "",
+            },
+            "raw_reason",
+            "field 'raw_reason': must not be empty",
+        ),
+        (
+            {"type": "progress", "ts": 0, "request_id": "r", "generated": 1, "estimated": 0},
+            "estimated",
+            "field 'estimated': must be true or false, got 0",
+        ),
+        (
+            {
+                "type": "engine_step",
+                "ts": 0,
+                "worker": "w",
+                "step": 1,
+                "duration_ms": 2.0,
+                "running": 1,
+                "tokens": -1,
+            },
+            "tokens",
+            "field 'tokens': must be >= 0, got -1",
         ),
         (
             {"type": "progress", "ts": 0, "request_id": "r", "generated": -1},
@@ -478,6 +570,14 @@ _TRICKY = st.one_of(
             "up",
             "stop",
             "1",
+            "tool_calls",
+            "Stop",
+            "stop\n",
+            "_stop",
+            "9lives",
+            "a" * 32,
+            "a" * 33,
+            "stop-it",
         ]
     ),
     st.text(max_size=6),

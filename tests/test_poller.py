@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -21,6 +25,7 @@ from shadow.connectors.poller import (
     parse_vllm_metrics,
     select_sample,
 )
+from shadow.stream.fleet import FleetCore
 from tests.service_helpers import ThreadedServer
 
 # What vLLM V1 (0.9+) serves for a data-parallel deployment of two engines: HELP/TYPE
@@ -177,7 +182,10 @@ def test_text_without_vllm_metrics_has_no_engines() -> None:
 def test_select_sample_by_engine_label() -> None:
     samples = parse_vllm_metrics(CURRENT)
     assert select_sample(Target("1", "http://x"), samples).running == 64.0
-    assert select_sample(Target("w9", "http://x"), samples).running == 17.0  # first engine
+    with pytest.raises(
+        ValueError, match="set `engine` on the \\[\\[engines\\]\\] entry of worker 'w9'"
+    ):
+        select_sample(Target("w9", "http://x"), samples)  # never a silent engine 0
     assert select_sample(Target("w9", "http://x", engine="1"), samples).running == 64.0
     with pytest.raises(ValueError, match="engine '7'"):
         select_sample(Target("w9", "http://x", engine="7"), samples)
@@ -200,6 +208,7 @@ class MetricsServer:
     def __init__(self, port: int = 0) -> None:
         self.mode = "ok"  # ok | error | hang | garbage
         self.running = 1.0
+        self.page: str | None = None  # served as is when set
         self.hits = 0
         self.release = threading.Event()
         self.port = port
@@ -214,7 +223,7 @@ class MetricsServer:
         if self.mode == "hang":
             while not self.release.is_set():
                 await asyncio.sleep(0.01)
-        return PlainTextResponse(metrics_text(self.running, 2.0))
+        return PlainTextResponse(self.page or metrics_text(self.running, 2.0))
 
     def start(self) -> MetricsServer:
         app = Starlette(routes=[Route("/metrics", self._metrics)])
@@ -397,3 +406,326 @@ def test_poll_once_with_a_given_client(server: MetricsServer) -> None:
             assert not client.is_closed  # the caller's client stays the caller's
 
     asyncio.run(scenario())
+
+
+# --- real vLLM pages (DP = 2), recorded by tests/data/vllm_metrics/record.py -----------------
+
+PAGES = Path(__file__).parent / "data" / "vllm_metrics"
+PINNED = json.loads((PAGES / "dp2_load.json").read_text())["pinned"]
+
+
+def page(name: str) -> str:
+    return (PAGES / f"dp2_{name}.prom").read_text()
+
+
+def line_value(text: str, name: str, rank: str, **labels: str) -> float:
+    """One series' value, read off the page's lines (independent of the parser)."""
+    wanted = [f'engine="{rank}"', *(f'{k}="{v}"' for k, v in labels.items())]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(w in line for w in wanted)
+    ]
+    assert len(values) == 1, (name, rank, values)
+    return values[0]
+
+
+def expected_sample(text: str, rank: str) -> EngineSample:
+    def value(name: str, **labels: str) -> float:
+        return line_value(text, name, rank, **labels)
+
+    return EngineSample(
+        running=value("vllm:num_requests_running"),
+        waiting=value("vllm:num_requests_waiting"),
+        kv_usage=value("vllm:kv_cache_usage_perc"),
+        generation_tokens=value("vllm:generation_tokens_total"),
+        waiting_by_reason={
+            reason: value("vllm:num_requests_waiting_by_reason", reason=reason)
+            for reason in ("capacity", "deferred")
+        },
+        iterations=value("vllm:iteration_tokens_total_count"),
+        iteration_tokens=value("vllm:iteration_tokens_total_sum"),
+        preemptions=value("vllm:num_preemptions_total"),
+    )
+
+
+DP_TARGETS = [("w-left", "0"), ("w-right", "1")]  # names that are no rank label
+
+
+@pytest.mark.parametrize("name", ["idle", "load", "after"])
+def test_every_rank_of_a_real_dp_page_maps_to_its_worker(server: MetricsServer, name: str) -> None:
+    text = server.page = page(name)
+    received: dict[str, EngineSample] = {}
+
+    async def scenario() -> MetricsPoller:
+        poller = MetricsPoller(
+            [Target(worker, server.url, engine=rank) for worker, rank in DP_TARGETS],
+            on_sample=lambda worker, ts, sample: received.__setitem__(worker, sample),
+        )
+        await poller.poll_once()
+        return poller
+
+    poller = asyncio.run(scenario())
+    assert server.hits == 1  # two workers, one page, one fetch
+    for worker, rank in DP_TARGETS:
+        assert received[worker] == expected_sample(text, rank)
+        status = poller.status()[worker]
+        assert status["engine"] == rank and status["page_errors"] == []
+        assert status["failures"] == 0
+        assert sum(received[worker].waiting_by_reason.values()) == received[worker].waiting
+    if name == "load":  # the ranks held what the recording pinned to each
+        for worker, rank in DP_TARGETS:
+            assert received[worker].running + received[worker].waiting == PINNED[rank]
+    if name == "after":  # every token of the load was one iteration's output
+        idle = parse_vllm_metrics(page("idle"))
+        for worker, rank in DP_TARGETS:
+            after = received[worker]
+            assert after.iterations > idle[rank].iterations
+            assert after.running == after.waiting == 0
+            assert after.generation_tokens == PINNED[rank] * 1200
+
+
+def test_an_unknown_rank_is_an_error_naming_it(
+    server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.page = page("load")
+    received: list[str] = []
+
+    async def scenario() -> MetricsPoller:
+        poller = MetricsPoller(
+            [Target("only", server.url, engine="0")],
+            on_sample=lambda worker, ts, sample: received.append(worker),
+        )
+        for _ in range(3):
+            await poller.poll_once()
+        return poller
+
+    with caplog.at_level(logging.ERROR, logger="shadow.connectors.poller"):
+        poller = asyncio.run(scenario())
+    error = f"engine '1' on {server.url}/metrics is named by no [[engines]] entry"
+    assert poller.status()["only"]["page_errors"] == [error]
+    assert poller.page_errors == {f"{server.url}/metrics": [error]}
+    assert [r.getMessage() for r in caplog.records] == [f"{error} (entries name ['0'])"]  # once
+    assert received == ["only"] * 3  # the named rank is still read
+    assert poller.latest("only")[1].running == line_value(
+        page("load"), "vllm:num_requests_running", "0"
+    )
+
+
+def test_one_unlabelled_engine_still_works_and_a_missing_rank_fails_alone(
+    server: MetricsServer,
+) -> None:
+    server.page = OLD  # one engine, no `engine` label: the entry needs none
+
+    async def single() -> MetricsPoller:
+        poller = MetricsPoller([Target("w0", server.url)])
+        await poller.poll_once()
+        return poller
+
+    poller = asyncio.run(single())
+    assert poller.latest("w0")[1].running == 3.0
+    assert poller.status()["w0"]["page_errors"] == []
+
+    server.page = page("load")
+
+    async def dp() -> MetricsPoller:
+        poller = MetricsPoller(
+            [
+                Target("a", server.url, engine="0"),
+                Target("b", server.url, engine="1"),
+                Target("c", server.url, engine="7"),
+            ]
+        )
+        await poller.poll_once()
+        return poller
+
+    poller = asyncio.run(dp())
+    assert poller.failures == {"a": 0, "b": 0, "c": 1}
+    assert "engine '7' not in metrics (has ['0', '1'])" in poller.status()["c"]["last_error"]
+
+
+def test_a_rank_named_twice_on_one_url_is_refused() -> None:
+    with pytest.raises(ValueError, match="engine named twice for http://a/metrics"):
+        MetricsPoller([Target("w0", "http://a", engine="0"), Target("w1", "http://a/", "0")])
+
+
+def sixteen_engines(tick: int) -> str:
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="{r}"}} {r + tick}' for r in range(16)]
+    lines += ["# TYPE vllm:num_requests_waiting gauge"]
+    lines += [f'vllm:num_requests_waiting{{engine="{r}"}} {2 * r}' for r in range(16)]
+    return "\n".join(lines) + "\n"
+
+
+def test_sixteen_entries_on_one_page_are_one_scrape_per_tick(server: MetricsServer) -> None:
+    received: list[tuple[str, EngineSample]] = []
+    targets = [Target(f"dp{r}", server.url, engine=str(r)) for r in range(16)]
+
+    async def scenario() -> None:
+        poller = MetricsPoller(targets, on_sample=lambda w, ts, s: received.append((w, s)))
+        for tick in range(5):
+            server.page = sixteen_engines(tick)
+            await poller.poll_once()
+            assert server.hits == tick + 1
+            latest = {w: s for w, s in received[-16:]}
+            assert latest == {
+                f"dp{r}": EngineSample(float(r + tick), float(2 * r), None, None) for r in range(16)
+            }
+        async with MetricsPoller(targets, interval_s=0.05) as running:
+            await asyncio.sleep(0.5)
+            assert all(running.latest(t.worker) is not None for t in targets)
+        assert 5 + 5 <= server.hits <= 5 + 12  # ~10 ticks in 0.5 s, not 16 fetches each
+
+    asyncio.run(scenario())
+    assert len(received) == 5 * 16
+
+
+def test_parsing_runs_off_the_event_loop(
+    server: MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shadow.connectors.poller as poller_module
+
+    server.page = page("load")
+    parsed_on: list[int] = []
+    real = poller_module.parse_vllm_metrics
+
+    def slow_parse(text: str) -> dict[str, EngineSample]:
+        parsed_on.append(threading.get_ident())
+        time.sleep(0.3)  # a page that takes long to parse
+        return real(text)
+
+    monkeypatch.setattr(poller_module, "parse_vllm_metrics", slow_parse)
+
+    async def scenario() -> int:
+        ticks = 0
+        poller = MetricsPoller([Target("w", server.url, "0"), Target("v", server.url, "1")])
+        scrape = asyncio.create_task(poller.poll_once())
+        while not scrape.done():  # the loop keeps turning while the page is parsed
+            await asyncio.sleep(0.01)
+            ticks += 1
+        await scrape
+        assert poller.latest("w") is not None and poller.latest("v") is not None
+        return ticks
+
+    loop_thread = threading.get_ident()
+    ticks = asyncio.run(scenario())
+    assert len(parsed_on) == 1 and parsed_on[0] != loop_thread
+    assert ticks >= 10
+
+
+def test_engine_target_carries_the_rank_label() -> None:
+    from pydantic import ValidationError
+
+    from shadow.service.settings import EngineTarget
+
+    assert EngineTarget(worker="w1", url="http://e:8000", engine=1).engine == "1"
+    assert EngineTarget(worker="w1", url="http://e:8000", engine="1").engine == "1"
+    assert EngineTarget(worker="w0", url="http://e:8000").engine is None
+    with pytest.raises(ValidationError, match="engine"):
+        EngineTarget(worker="w1", url="http://e:8000", engine="")
+
+
+# --- the drift invariant: deferred and preempted waiting -------------------------------------
+
+
+def fleet_with_active(active: int) -> FleetCore:
+    core = FleetCore("f", sweep_every_s=1e12)
+    core.worker(0.0, "w0", 64, "up")
+    for i in range(active):
+        core.ready(0.1, f"r{i}", 10, None)
+        core.dispatch(0.2, f"r{i}", "w0")
+    return core
+
+
+def drift(core: FleetCore, samples: list[dict]) -> list[str]:
+    found = []
+    for i, sample in enumerate(samples):
+        found += core.checker.on_engine_sample(core.mirror, 1.0 + i, "w0", **sample)
+    return [v.detail for v in found]
+
+
+def test_drift_tolerates_requests_waiting_for_kv_transfer() -> None:
+    # 10 active in the mirror, 4 running, 6 deferred (KV on its way): no drift
+    assert drift(fleet_with_active(10), [dict(running=4, deferred=6)] * 5) == []
+    # the same without the split: drift (the old check, unchanged)
+    found = drift(fleet_with_active(10), [dict(running=4)] * 5)
+    assert found == ["w0: mirror has 10 active, engine reports 4 running for 3 scrapes"]
+    # only 2 deferred: 4 more than the engine holds for a reason
+    found = drift(fleet_with_active(10), [dict(running=4, deferred=2)] * 3)
+    assert found == [
+        "w0: mirror has 10 active, engine reports 4 running (+2 waiting excused) for 3 scrapes"
+    ]
+    # deferred never excuses a mirror that misses requests the engine runs
+    assert len(drift(fleet_with_active(2), [dict(running=8, deferred=6)] * 3)) == 1
+
+
+def test_drift_tolerates_preempted_requests_back_in_the_queue() -> None:
+    # the engine preempted 3 (counter 5 -> 8), they wait with reason `capacity`
+    samples = [
+        dict(running=10, preemptions=5.0),
+        dict(running=7, capacity_waiting=3, preemptions=8.0),
+        dict(running=7, capacity_waiting=3, preemptions=8.0),
+        dict(running=7, capacity_waiting=3, preemptions=8.0),
+    ]
+    assert drift(fleet_with_active(10), samples) == []
+    # queued for capacity by an engine that never preempted: not excused
+    samples = [dict(running=7, capacity_waiting=3, preemptions=0.0)] * 4
+    assert drift(fleet_with_active(10), samples)[0].startswith("w0: mirror has 10 active")
+    # nor without the counter on the page
+    samples = [dict(running=7, capacity_waiting=3)] * 4
+    assert len(drift(fleet_with_active(10), samples)) == 1
+    # first scrape (a restarted service): the counter's whole count may still be waiting
+    samples = [dict(running=7, capacity_waiting=3, preemptions=5.0)] * 4
+    assert drift(fleet_with_active(10), samples) == []
+    # two resume and leave the queue: the bound follows it down, then a new wait is drift
+    samples = [
+        dict(running=10, preemptions=5.0),
+        dict(running=7, capacity_waiting=3, preemptions=8.0),
+        dict(running=9, capacity_waiting=1, preemptions=8.0),
+        *[dict(running=6, capacity_waiting=4, preemptions=8.0)] * 3,
+    ]
+    found = drift(fleet_with_active(10), samples)
+    assert found == [
+        "w0: mirror has 10 active, engine reports 6 running (+1 waiting excused) for 3 scrapes"
+    ]
+
+
+def test_the_service_excuses_deferred_waiting_on_real_scrapes(tmp_path: Path) -> None:
+    """Scrapes through `record_engine_sample` into the drift check, on a real pipeline:
+    the same counts drift without the waiting split and do not with it."""
+    from shadow.events import parse_ndjson
+    from shadow.service.ingest.pipeline import Pipeline, PipelineConfig
+    from shadow.service.store import ServiceStore
+
+    store = ServiceStore(tmp_path / "drift.duckdb")
+    pipeline = Pipeline(store, PipelineConfig(windows_enabled=False, audit_enabled=False))
+    pipeline.start()
+
+    def send(*events: dict) -> None:
+        parsed, errors = parse_ndjson("\n".join(json.dumps(e) for e in events))
+        assert not errors, errors
+        pipeline.submit(parsed)
+        pipeline.drain()
+
+    try:
+        events: list[dict] = []
+        for worker in ("split", "plain"):
+            events.append({"type": "worker", "ts": 0.0, "worker": worker, "capacity": 16})
+            for i in range(10):
+                rid = f"{worker}-{i}"
+                events.append({"type": "ready", "ts": 0.1, "request_id": rid, "prompt_tokens": 9})
+                events.append(
+                    {"type": "dispatch", "ts": 0.2, "request_id": rid, "worker": worker,
+                     "policy": "jsq"}
+                )  # fmt: skip
+        send(*events)
+        split = EngineSample(4.0, 6.0, 0.1, None, {"capacity": 0.0, "deferred": 6.0}, 9.0)
+        plain = dataclasses.replace(split, waiting_by_reason=None)
+        for ts in (1.0, 2.0, 3.0, 4.0):
+            pipeline.record_engine_sample("default", "split", ts, split)
+            pipeline.record_engine_sample("default", "plain", ts, plain)
+        send({"type": "worker", "ts": 5.0, "worker": "late", "capacity": 1})
+        rows = store.query("SELECT kind, worker FROM violations")
+        assert [(r["kind"], r["worker"]) for r in rows] == [("engine_drift", "plain")]
+    finally:
+        store.close()

@@ -26,44 +26,79 @@ logger = logging.getLogger(__name__)
 # keeps it on the samples, and an untyped exposition keeps it everywhere.
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
-_WANTED = frozenset({RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD, GENERATION_TOKENS})
+PREEMPTIONS = "vllm:num_preemptions_total"
+#: the histogram of tokens per engine iteration: `_count` counts iterations (the one
+#: per-step signal on the page), `_sum` the tokens they scheduled (prefill included)
+ITERATIONS = "vllm:iteration_tokens_total_count"
+ITERATION_TOKENS = "vllm:iteration_tokens_total_sum"
+_MAXED = frozenset({KV_USAGE, KV_USAGE_OLD})
+_WANTED = frozenset(
+    {RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD, GENERATION_TOKENS, PREEMPTIONS, ITERATIONS,
+     ITERATION_TOKENS}
+)  # fmt: skip
 DEFAULT_ENGINE = "0"
 
 
 @dataclass(frozen=True)
 class EngineSample:
-    """One engine's load at one scrape; `kv_usage` is a fraction in [0, 1]."""
+    """One engine's load at one scrape; `kv_usage` is a fraction in [0, 1].
+
+    `waiting_by_reason` splits `waiting` as vLLM does (`capacity`: waiting for a batch
+    slot or KV blocks, preempted requests included; `deferred`: held back by a transient
+    constraint such as a KV transfer from the prefill node); None when the page has no
+    split (vLLM before it, the emulator). `iterations` and `iteration_tokens` are the
+    engine's cumulative iteration count and the tokens those iterations scheduled;
+    `preemptions` its cumulative preemption count.
+    """
 
     running: float
     waiting: float
     kv_usage: float | None
     generation_tokens: float | None
+    waiting_by_reason: dict[str, float] | None = None
+    iterations: float | None = None
+    iteration_tokens: float | None = None
+    preemptions: float | None = None
+
+    def waiting_for(self, reason: str) -> float:
+        """Requests waiting for `reason` (0 when the page does not split waiting)."""
+        return (self.waiting_by_reason or {}).get(reason, 0.0)
 
 
 def parse_vllm_metrics(text: str) -> dict[str, EngineSample]:
     """Engine samples keyed by the `engine` label ("0" when the label is absent).
 
     Series of one engine under several `model_name`s are summed (running, waiting,
-    tokens; the largest KV usage is kept). An engine needs both request gauges to count.
-    `vllm:gpu_cache_usage_perc` (vLLM < 0.9) stands in when `kv_cache_usage_perc` is absent.
-    Text that is not Prometheus exposition raises `ValueError`.
+    tokens, counts; the largest KV usage is kept). An engine needs both request gauges to
+    count. `vllm:gpu_cache_usage_perc` (vLLM < 0.9) stands in when `kv_cache_usage_perc`
+    is absent. Text that is not Prometheus exposition raises `ValueError`. CPU-bound (a
+    DP page of vLLM 0.32 is ~80 KB per two engines): the poller runs it off the loop.
     """
     values: dict[str, dict[str, float]] = {}
+    reasons: dict[str, dict[str, float]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name not in _WANTED:
+                name = sample.name
+                if name == WAITING_BY_REASON:
+                    engine = sample.labels.get("engine", DEFAULT_ENGINE)
+                    reason = sample.labels.get("reason", "unknown")
+                    split = reasons.setdefault(engine, {})
+                    split[reason] = split.get(reason, 0.0) + float(sample.value)
+                    continue
+                if name not in _WANTED:
                     continue
                 engine = sample.labels.get("engine", DEFAULT_ENGINE)
                 per_engine = values.setdefault(engine, {})
                 value = float(sample.value)
-                if sample.name in (KV_USAGE, KV_USAGE_OLD):
-                    per_engine[sample.name] = max(per_engine.get(sample.name, value), value)
+                if name in _MAXED:
+                    per_engine[name] = max(per_engine.get(name, value), value)
                 else:
-                    per_engine[sample.name] = per_engine.get(sample.name, 0.0) + value
+                    per_engine[name] = per_engine.get(name, 0.0) + value
     except ValueError as exc:
         snippet = text[:80].replace("\n", "\\n")
         raise ValueError(f"not Prometheus text exposition ({exc}); starts {snippet!r}") from exc
@@ -76,6 +111,10 @@ def parse_vllm_metrics(text: str) -> dict[str, EngineSample]:
             waiting=metrics[WAITING],
             kv_usage=metrics.get(KV_USAGE, metrics.get(KV_USAGE_OLD)),
             generation_tokens=metrics.get(GENERATION_TOKENS),
+            waiting_by_reason=reasons.get(engine),
+            iterations=metrics.get(ITERATIONS),
+            iteration_tokens=metrics.get(ITERATION_TOKENS),
+            preemptions=metrics.get(PREEMPTIONS),
         )
     return samples
 
@@ -84,8 +123,9 @@ def parse_vllm_metrics(text: str) -> dict[str, EngineSample]:
 class Target:
     """One decode worker: `url` is the engine's base URL (scraped at `url + "/metrics"`).
 
-    `engine` picks one engine of a multi-engine (data-parallel) endpoint; by default the
-    engine labelled like `worker`, else the first one in the text.
+    `engine` is the DP rank label (`engine="<rank>"`) of this worker on a page that serves
+    several engines (vLLM with `--data-parallel-size`). Without it: the page's only
+    engine, else the engine labelled like `worker`; never a guess (see `select_sample`).
     """
 
     worker: str
@@ -98,7 +138,11 @@ class Target:
 
 
 def select_sample(target: Target, samples: dict[str, EngineSample]) -> EngineSample:
-    """The sample that belongs to `target` (see `Target`); `ValueError` when there is none."""
+    """The sample that belongs to `target` (see `Target`); `ValueError` when there is none.
+
+    A page of several engines and a target without `engine` whose worker name is no
+    label is an error: reading engine 0 for it would silently report another worker.
+    """
     if not samples:
         raise ValueError("no vLLM engine metrics (num_requests_running/waiting) in the text")
     if target.engine is not None:
@@ -107,7 +151,27 @@ def select_sample(target: Target, samples: dict[str, EngineSample]) -> EngineSam
         return samples[target.engine]
     if target.worker in samples:
         return samples[target.worker]
-    return next(iter(samples.values()))
+    if len(samples) == 1:
+        return next(iter(samples.values()))
+    raise ValueError(
+        f"the page serves engines {sorted(samples)}: set `engine` on the [[engines]] entry "
+        f"of worker {target.worker!r}"
+    )
+
+
+def unknown_engines(targets: list[Target], samples: dict[str, EngineSample]) -> list[str]:
+    """Ranks on a page that none of the page's `targets` names (sorted).
+
+    A page of one engine read by one target without `engine` names that engine; any
+    other rank must be claimed by a target's `engine`, or by a worker named like it.
+    """
+    if len(samples) == 1 and len(targets) == 1 and targets[0].engine is None:
+        return []
+    return sorted(set(samples) - _claims(targets))
+
+
+def _claims(page: list[Target]) -> set[str]:
+    return {t.engine if t.engine is not None else t.worker for t in page}
 
 
 @dataclass
@@ -120,11 +184,16 @@ class _TargetState:
 
 
 class MetricsPoller:
-    """Scrapes every target every `interval_s`, each on its own task.
+    """Scrapes every engine page every `interval_s`, each page on its own task.
 
-    One task per target, so a target that hangs until `timeout_s` never delays the others.
-    `on_sample(worker, ts, sample)` runs on the event loop after each good scrape (`ts` is
-    `time.time()`); an exception from it is logged, never fatal.
+    Targets sharing a URL (the ranks of one data-parallel vLLM) share one page: it is
+    fetched once per tick and parsed once, in a thread, since an 80 KB exposition parsed
+    on the event loop would stall ingest; each target then takes its rank's sample. One
+    task per page, so a page that hangs until `timeout_s` never delays the others.
+    A rank on a page that no target names is an error naming it (logged once, kept in
+    `page_errors` and each of that page's workers' `status()`); the named ranks are still
+    read. `on_sample(worker, ts, sample)` runs on the event loop after each good scrape
+    (`ts` is `time.time()`); an exception from it is logged, never fatal.
     """
 
     def __init__(
@@ -148,6 +217,13 @@ class MetricsPoller:
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number, got {value}")
         self.targets = list(targets)
+        self.pages: dict[str, list[Target]] = {}
+        for target in self.targets:
+            self.pages.setdefault(target.metrics_url, []).append(target)
+        for url, page in self.pages.items():
+            engines = [t.engine for t in page if t.engine is not None]
+            if len(set(engines)) != len(engines):
+                raise ValueError(f"engine named twice for {url}: {sorted(engines)}")
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.staleness_s = staleness_s
@@ -155,6 +231,9 @@ class MetricsPoller:
         self._client = client
         self._owns_client = client is None
         self._state = {target.worker: _TargetState() for target in self.targets}
+        #: per page URL: the errors of its last good fetch (unknown ranks)
+        self.page_errors: dict[str, list[str]] = {url: [] for url in self.pages}
+        self._logged: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._started_at: float | None = None
 
@@ -175,19 +254,18 @@ class MetricsPoller:
         await self.stop()
 
     async def start(self) -> None:
-        """Start one polling task per target (no-op when already running)."""
+        """Start one polling task per page (no-op when already running)."""
         if self._tasks:
             return
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=self.timeout_s,
-                limits=httpx.Limits(max_connections=max(10, 2 * len(self.targets))),
+                limits=httpx.Limits(max_connections=max(10, 2 * len(self.pages))),
             )
             self._owns_client = True
         self._started_at = time.time()
         self._tasks = [
-            asyncio.create_task(self._run(target), name=f"metrics-poller:{target.worker}")
-            for target in self.targets
+            asyncio.create_task(self._run(url), name=f"metrics-poller:{url}") for url in self.pages
         ]
 
     async def stop(self) -> None:
@@ -203,50 +281,78 @@ class MetricsPoller:
             self._client = None
 
     async def poll_once(self) -> None:
-        """Scrape every target once, concurrently (what each tick does)."""
-        await asyncio.gather(*(self._scrape(target) for target in self.targets))
+        """Scrape every page once, concurrently (what each tick does); before `start()`,
+        with a client made for this call."""
+        if self._client is not None:
+            await asyncio.gather(*(self._scrape(url) for url in self.pages))
+            return
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            self._client = client
+            try:
+                await asyncio.gather(*(self._scrape(url) for url in self.pages))
+            finally:
+                self._client = None
 
-    async def _run(self, target: Target) -> None:
+    async def _run(self, url: str) -> None:
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
         while True:
-            await self._scrape(target)
+            await self._scrape(url)
             next_tick += self.interval_s
             now = loop.time()
             if next_tick < now:  # a slow scrape: skip the missed ticks, keep the cadence
                 next_tick += math.ceil((now - next_tick) / self.interval_s) * self.interval_s
             await asyncio.sleep(next_tick - now)
 
-    async def _fetch(self, target: Target) -> EngineSample:
+    async def _fetch(self, url: str) -> dict[str, EngineSample]:
         if self._client is None:
             raise RuntimeError("poller client is closed")
-        response = await self._client.get(target.metrics_url, timeout=self.timeout_s)
+        response = await self._client.get(url, timeout=self.timeout_s)
         if response.status_code != 200:
-            raise ValueError(f"HTTP {response.status_code} from {target.metrics_url}")
-        return select_sample(target, parse_vllm_metrics(response.text))
+            raise ValueError(f"HTTP {response.status_code} from {url}")
+        return await asyncio.to_thread(parse_vllm_metrics, response.text)
 
-    async def _scrape(self, target: Target) -> None:
-        state = self._state[target.worker]
+    def _fail(self, state: _TargetState, error: str) -> None:
+        state.failures += 1
+        state.consecutive_failures += 1
+        state.last_error = error
+
+    async def _scrape(self, url: str) -> None:
+        page = self.pages[url]
         try:
             # httpx's timeout is per operation; a server trickling bytes needs a total bound.
-            sample = await asyncio.wait_for(self._fetch(target), self.timeout_s)
-        except Exception as exc:  # any failure only marks the target; it never stops polling
-            state.failures += 1
-            state.consecutive_failures += 1
+            samples = await asyncio.wait_for(self._fetch(url), self.timeout_s)
+        except Exception as exc:  # any failure only marks the targets; it never stops polling
             reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError | httpx.TimeoutException):
                 reason = f"timeout after {self.timeout_s} s"
-            state.last_error = f"{type(exc).__name__}: {reason}"
+            for target in page:
+                self._fail(self._state[target.worker], f"{type(exc).__name__}: {reason}")
             return
+        unknown = unknown_engines(page, samples)
+        self.page_errors[url] = [
+            f"engine {rank!r} on {url} is named by no [[engines]] entry" for rank in unknown
+        ]
+        for rank, error in zip(unknown, self.page_errors[url], strict=True):
+            if (url, rank) not in self._logged:
+                self._logged.add((url, rank))
+                logger.error("%s (entries name %s)", error, sorted(_claims(page)))
         ts = time.time()
-        state.sample = sample
-        state.sampled_at = ts
-        state.consecutive_failures = 0
-        if self.on_sample is not None:
+        for target in page:
+            state = self._state[target.worker]
             try:
-                self.on_sample(target.worker, ts, sample)
-            except Exception:
-                logger.exception("on_sample failed for worker %s", target.worker)
+                sample = select_sample(target, samples)
+            except ValueError as exc:
+                self._fail(state, f"ValueError: {exc}")
+                continue
+            state.sample = sample
+            state.sampled_at = ts
+            state.consecutive_failures = 0
+            if self.on_sample is not None:
+                try:
+                    self.on_sample(target.worker, ts, sample)
+                except Exception:
+                    logger.exception("on_sample failed for worker %s", target.worker)
 
     def latest(self, worker: str) -> tuple[float, EngineSample] | None:
         """The last good sample of `worker` and when it was taken, or None."""
@@ -277,6 +383,7 @@ class MetricsPoller:
             state = self._state[target.worker]
             result[target.worker] = {
                 "url": target.url,
+                "engine": target.engine,
                 "sample": None if state.sample is None else asdict(state.sample),
                 "sampled_at": state.sampled_at,
                 "age_s": None if state.sampled_at is None else now - state.sampled_at,
@@ -284,5 +391,6 @@ class MetricsPoller:
                 "failures": state.failures,
                 "consecutive_failures": state.consecutive_failures,
                 "last_error": state.last_error,
+                "page_errors": list(self.page_errors[target.metrics_url]),
             }
         return result

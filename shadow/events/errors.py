@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shadow.events.schema import EVENT_TYPES, NAME_RULE
+from shadow.events.schema import EVENT_TYPES, NAME_RULE, REASON_PATTERN, REASON_RULE
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ def _reason(err: dict[str, Any]) -> str:
         return f"must be a number, got {got}"
     if kind == "string_type":
         return f"must be a string, got {got}"
+    if kind == "bool_type":
+        return f"must be true or false, got {got}"
     if kind == "finite_number":
         return f"must be a finite number, got {got}"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
@@ -95,7 +97,8 @@ def _reason(err: dict[str, Any]) -> str:
             bound = int(bound)
         return f"must be {op[0]} {bound}, got {got}"
     if kind == "string_pattern_mismatch":
-        return f"must be {NAME_RULE}, got {got}"
+        rule = REASON_RULE if ctx.get("pattern") == REASON_PATTERN else NAME_RULE
+        return f"must be {rule}, got {got}"
     if kind == "string_too_short":
         return f"must not be empty, got {got}"
     if kind == "string_too_long":

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -27,7 +28,15 @@ from pydantic import (
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_core import core_schema
 
-from shadow.events.schema import COUNT_MAX, ID_MAX, NAME_PATTERN, SLOTS_MAX, Event, _fast_json
+from shadow.events.schema import (
+    COUNT_MAX,
+    ID_MAX,
+    NAME_PATTERN,
+    REASON_PATTERN,
+    SLOTS_MAX,
+    Event,
+    _fast_json,
+)
 
 
 class _IdSchema:
@@ -59,6 +68,7 @@ Text = Annotated[StrictStr, Field(min_length=1, max_length=ID_MAX)]
 Count = Annotated[StrictInt, Field(ge=0, le=COUNT_MAX)]
 Slots = Annotated[StrictInt, Field(ge=0, le=SLOTS_MAX)]
 Seconds = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
+Reason = Annotated[StrictStr, Field(pattern=REASON_PATTERN)]
 
 
 # -- the reference validator: pydantic, every rejection explained --------------------
@@ -129,6 +139,7 @@ class _ReferenceProgress(_ReferenceBase):
     type: Literal["progress"] = "progress"
     request_id: Id
     generated: Count
+    estimated: StrictBool | None = None
 
 
 @_event
@@ -138,7 +149,10 @@ class _ReferenceFinish(_ReferenceBase):
     type: Literal["finish"] = "finish"
     request_id: Id
     output_tokens: Count
-    reason: Literal["stop", "length", "abort", "error", "cancelled"]
+    reason: Reason
+    raw_reason: Text | None = None
+    estimated: StrictBool | None = None
+    from_engine: StrictBool | None = None
 
 
 @_event
@@ -152,6 +166,7 @@ class _ReferenceEngineStep(_ReferenceBase):
     running: Slots
     kv_tokens: Count | None = None
     waiting: Slots | None = None
+    tokens: Count | None = None
 
 
 _ReferenceEvent = Annotated[

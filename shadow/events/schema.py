@@ -30,6 +30,18 @@ COUNT_MAX = 2**53 - 1
 #: Per-worker counts (running, waiting requests; slot capacity) are stored as 32-bit.
 SLOTS_MAX = 2**31 - 1
 
+#: A finish reason: any identifier-like word, so that a reason an engine adds (vLLM's
+#: `tool_calls`, `repetition`, ...) is kept, never a lost finish; short and lowercase so
+#: that what is stored and counted stays a word, not free text.
+REASON_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+REASON_RULE = "a lowercase word: a letter, then up to 31 of a-z, 0-9, '_'"
+#: The reasons the shadow knows (vLLM's and vllm-ascend's, and the tap's own `cancelled`);
+#: any other is kept as sent and counted as `other`. `recomputed` is not a finish: the
+#: request goes back to the pool to be dispatched again (vllm-ascend's recompute scheduler).
+FINISH_REASONS = frozenset(
+    ("stop", "length", "abort", "error", "cancelled", "tool_calls", "repetition", "recomputed")
+)
+
 
 # -- the events: msgspec structs, decoded in one call a line ---------------------------
 # The same rules as the reference types below; `\Z` because Python's `$` also matches
@@ -43,6 +55,7 @@ _FastSlots = Annotated[int, Meta(ge=0, le=SLOTS_MAX)]
 #: finite, as msgspec refuses a number past the float range (1e999) where the reference
 #: parses it to infinity and then refuses it
 _FastSeconds = Annotated[float, Meta(ge=0)]
+_FastReason = Annotated[str, Meta(pattern=r"\A[a-z][a-z0-9_]{0,31}\Z")]
 
 
 class _Event(Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
@@ -115,18 +128,31 @@ class ProgressEvent(_Event, tag="progress", frozen=True, kw_only=True, gc=False)
     type: ClassVar[str] = "progress"
     request_id: _FastId
     generated: _FastCount
+    #: True: counted by the tap from chunks (a lower bound); False: exact; None: unsaid
+    estimated: bool | None = None
 
     def __post_init__(self) -> None:
         _id_text(self, "request_id")
 
 
 class FinishEvent(_Event, tag="finish", frozen=True, kw_only=True, gc=False):
-    """A request left its worker."""
+    """A request left its worker (or, with reason `recomputed`, went back to the pool).
+
+    The tap and the engine's stat-logger plugin may both send one for a request: the
+    service joins them (the first finishes it, a later exact count corrects an estimate).
+    """
 
     type: ClassVar[str] = "finish"
     request_id: _FastId
     output_tokens: _FastCount
-    reason: Literal["stop", "length", "abort", "error", "cancelled"]
+    #: one of FINISH_REASONS, or any other word (kept, counted as `other`)
+    reason: _FastReason
+    #: what the engine said before the tap mapped it (vLLM's `stop_reason`, say)
+    raw_reason: _FastText | None = None
+    #: True: `output_tokens` counted by the tap from chunks (a lower bound); False: exact
+    estimated: bool | None = None
+    #: True: sent by the engine's stat-logger plugin, from the engine's own count
+    from_engine: bool | None = None
 
     def __post_init__(self) -> None:
         _id_text(self, "request_id")
@@ -142,6 +168,8 @@ class EngineStepEvent(_Event, tag="engine_step", frozen=True, kw_only=True, gc=F
     running: _FastSlots
     kv_tokens: _FastCount | None = None
     waiting: _FastSlots | None = None
+    #: tokens the worker generated in this iteration (the plugin; vLLM's iteration tokens)
+    tokens: _FastCount | None = None
 
     def __post_init__(self) -> None:
         _id_text(self, "worker")

@@ -143,12 +143,26 @@ Section = Annotated[Config, _AsSection()]
 
 
 class EngineTarget(BaseModel):
-    """One decode engine whose Prometheus `/metrics` the service scrapes."""
+    """One decode engine whose Prometheus `/metrics` the service scrapes.
+
+    `engine` is its DP rank label on a page that serves several engines (vLLM with
+    `--data-parallel-size`: one URL, `engine="0"`, `engine="1"`, ...); entries sharing a
+    URL are scraped once per tick. Without it, a page must serve one engine or an engine
+    labelled like `worker`. `engine = 1` in TOML is read as the label "1".
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     worker: str
     url: str
+    engine: str | None = Field(None, min_length=1, max_length=64)
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _rank_as_label(cls, engine: object) -> object:
+        if isinstance(engine, int) and not isinstance(engine, bool):
+            return str(engine)
+        return engine
 
 
 class TokenSpec(BaseModel):

@@ -63,6 +63,8 @@ class InvariantChecker:
         #: (ts, key) of the reported incidents of requests, oldest first, for `forget`
         self._request_incidents: deque[tuple[float, tuple[str, str | None, str]]] = deque()
         self._drift_run: dict[str, int] = {}
+        #: worker -> (last `num_preemptions_total`, bound on preempted still waiting)
+        self._preempted: dict[str, tuple[float, float]] = {}
 
     @property
     def remembered(self) -> int:
@@ -184,32 +186,88 @@ class InvariantChecker:
         return self._compare(ts, worker_id, expected, running, "step")
 
     def on_engine_sample(
-        self, mirror: FleetMirror, ts: float, worker_id: str, running: float
+        self,
+        mirror: FleetMirror,
+        ts: float,
+        worker_id: str,
+        running: float,
+        *,
+        deferred: float = 0.0,
+        capacity_waiting: float = 0.0,
+        preemptions: float | None = None,
     ) -> list[Violation]:
-        """A scrape of the engine's `/metrics`, checked once the mirror reached its time."""
+        """A scrape of the engine's `/metrics`, checked once the mirror reached its time.
+
+        The mirror counts a request active from its dispatch to its finish; the engine
+        runs it, or holds it waiting. Two kinds of waiting are the engine's business, not
+        drift, so the mirror may count that many more than `running` (never fewer):
+
+        - `deferred`: vLLM's `num_requests_waiting_by_reason{reason="deferred"}`, requests
+          held back by a transient constraint, above all a KV transfer from the prefill
+          node that has not landed yet (the usual state of a fresh decode request).
+        - preempted: vLLM puts a preempted request back in the waiting queue, reason
+          `capacity`, where the page cannot tell it from a request not yet scheduled.
+          The check keeps, per worker, an upper bound on preempted requests still
+          waiting: the previous bound plus the rise of `vllm:num_preemptions_total`
+          since the previous scrape, clamped to this scrape's `capacity_waiting` (a
+          resumed request leaves that queue). The first scrape of a worker starts the
+          bound at min(counter, capacity_waiting). Without the counter it stays 0.
+
+        Without the waiting split (older vLLM, the emulator) both are 0: the check is
+        mirror active vs engine running, within `scrape_drift_tolerance`.
+        """
+        preempted = self._preempted_waiting(worker_id, capacity_waiting, preemptions)
         worker = mirror.workers.get(worker_id)
         if worker is None:
             return []
-        return self._compare(ts, worker_id, len(worker.active), running, "scrape")
+        return self._compare(
+            ts, worker_id, len(worker.active), running, "scrape", excused=deferred + preempted
+        )
+
+    def _preempted_waiting(
+        self, worker_id: str, capacity_waiting: float, preemptions: float | None
+    ) -> float:
+        """The upper bound on `worker_id`'s preempted requests still waiting (see above)."""
+        if preemptions is None:
+            self._preempted.pop(worker_id, None)
+            return 0.0
+        last = self._preempted.get(worker_id)
+        if last is None:
+            bound = min(preemptions, capacity_waiting)
+        else:
+            counter, previous = last
+            bound = min(previous + max(0.0, preemptions - counter), capacity_waiting)
+        bound = max(0.0, bound)
+        self._preempted[worker_id] = (preemptions, bound)
+        return bound
 
     def _compare(
-        self, ts: float, worker_id: str, expected: int, running: float, what: str
+        self,
+        ts: float,
+        worker_id: str,
+        expected: int,
+        running: float,
+        what: str,
+        excused: float = 0.0,
     ) -> list[Violation]:
+        """Drift when the mirror's `expected` is below `running`, or above `running` plus
+        the `excused` waiting, by more than the tolerance, for `drift_samples` in a row."""
         key = f"{what}:{worker_id}"
         tolerance = (
             self.config.scrape_drift_tolerance if what == "scrape" else self.config.drift_tolerance
         )
-        if abs(expected - running) > tolerance:
+        if running - expected > tolerance or expected - running - excused > tolerance:
             run = self._drift_run.get(key, 0) + 1
             self._drift_run[key] = run
             if run >= self.config.drift_samples:
+                waiting = f" (+{excused:g} waiting excused)" if excused else ""
                 return self._violation(
                     "engine_drift",
                     ts,
                     worker_id,
                     None,
                     f"{worker_id}: mirror has {expected} active, engine reports "
-                    f"{running:g} running for {run} {what}s",
+                    f"{running:g} running{waiting} for {run} {what}s",
                 )
         else:
             self._drift_run[key] = 0

@@ -1,15 +1,20 @@
-"""An emulated vllm-ascend data-parallel decode fleet: real HTTP servers on loopback.
+"""An emulated vLLM data-parallel decode fleet: real HTTP servers on loopback.
 
 The demo and the end-to-end tests need a fleet that speaks vLLM's wire format (OpenAI
 completions and chat, SSE streaming, vLLM-named Prometheus metrics) and steps the way the
 replay engine assumes, so that what the shadow service observes can be checked against
 what it predicts. The stepping itself is `shadow.world.engine_model`; this module serves
-it: one uvicorn server per worker, its requests submitted to the model and streamed token
-by token as the model steps them.
+it: one uvicorn server per worker (and, if asked, one data-parallel front serving every
+engine, as one vLLM server with `--data-parallel-size G` does), its requests submitted to
+the model and streamed as the model steps them.
 
-Outputs are always exactly `max_tokens` tokens (" tok0", " tok1", ...; finish_reason
-"length"), as with `ignore_eos`. The HTTP layer is a bare ASGI app (no framework) because
-it writes a chunk per token for hundreds of concurrent streams.
+The bytes are vLLM 0.32's (`shadow.world.vllm_wire`): ids from `X-Request-Id`, the chat
+role chunk, usage chunks, error chunks, `n > 1`, every finish reason (the requests'
+`vllm_xargs` controls of `shadow.world.emulator_request`). By default a chunk carries
+one token, as the world's tap (which counts chunks) still needs; `stream_interval`,
+`merge_outputs` and `split_utf8_every` turn on the multi-token and empty-text chunks of a
+real server. The HTTP layer is a bare ASGI app (no framework): it writes hundreds of
+concurrent streams.
 """
 
 from __future__ import annotations
@@ -27,18 +32,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from shadow.replay.workload import StepModel
+from shadow.world import vllm_wire as wire
+from shadow.world.emulator_request import Ask, BadRequest, header, parse, pinned_rank
+from shadow.world.engine_metrics import EngineMetrics, EngineView
 from shadow.world.engine_model import (
     CANCELLED,
     DONE,
     DROPPED,
+    FAILED,
     EngineRequest,
     EngineWorker,
     EventSink,
     SteppingFleet,
+    wait_any,
 )
 
 log = logging.getLogger(__name__)
@@ -48,28 +58,11 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-DEFAULT_MAX_TOKENS = 16
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_DIGESTS = 200_000  # oldest digests are forgotten past this (a demo runs for hours)
-# vLLM's buckets for inter-token latency.
-ITL_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
-FINISHED_REASONS = ("stop", "length", "abort")
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-_DONE_LINE = b"data: [DONE]\n\n"
-
-
-def _dumps(value: Any) -> bytes:
-    """Compact JSON, the way vLLM's pydantic models serialise."""
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-class _BadRequest(Exception):
-    pass
 
 
 class QuietServer(uvicorn.Server):
@@ -81,91 +74,35 @@ class QuietServer(uvicorn.Server):
         yield
 
 
-@dataclass
-class _Metrics:
-    """One worker's vLLM-named metrics, in its own registry; the stepping model's meter."""
-
-    registry: CollectorRegistry
-    running: Gauge
-    waiting: Gauge
-    kv_usage: Gauge
-    generation_tokens: Counter
-    prompt_tokens: Counter
-    success: dict[str, Counter]
-    itl: Histogram
-
-    @classmethod
-    def create(cls, model_name: str, engine: str) -> _Metrics:
-        registry = CollectorRegistry(auto_describe=False)
-        names = ["model_name", "engine"]
-        labels = (model_name, engine)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, names, registry=registry).labels(*labels)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names, registry=registry).labels(*labels)
-
-        success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            [*names, "finished_reason"],
-            registry=registry,
-        )
-        itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            names,
-            buckets=ITL_BUCKETS,
-            registry=registry,
-        )
-        return cls(
-            registry=registry,
-            running=gauge("vllm:num_requests_running", "Number of requests in model execution."),
-            waiting=gauge("vllm:num_requests_waiting", "Number of requests waiting."),
-            kv_usage=gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent."),
-            generation_tokens=counter(
-                "vllm:generation_tokens", "Number of generation tokens processed."
-            ),
-            prompt_tokens=counter("vllm:prompt_tokens", "Number of prefill tokens processed."),
-            success={r: success.labels(*labels, r) for r in FINISHED_REASONS},
-            itl=itl.labels(*labels),
-        )
-
-    def admitted(self, prompt_tokens: int) -> None:
-        self.prompt_tokens.inc(prompt_tokens)
-
-    def stepped(self, produced: int, finished: int, itl_samples: int, duration_s: float) -> None:
-        if produced:
-            self.generation_tokens.inc(produced)
-        if finished:
-            self.success["length"].inc(finished)
-        observe = self.itl.observe
-        for _ in range(itl_samples):
-            observe(duration_s)
-
-    def aborted(self) -> None:
-        self.success["abort"].inc()
-
-
 @dataclass(eq=False)
 class _WorkerServer:
-    """The HTTP side of one worker: its uvicorn server, address and metrics."""
+    """The HTTP side of one server: its uvicorn server and address."""
 
     server: QuietServer
     task: asyncio.Task[None]
     url: str
-    metrics: _Metrics
 
 
 class EmulatedFleet(SteppingFleet):
     """`workers` emulated decode workers behind one barrier, each its own HTTP server.
 
-    `start()` / `stop()` inside a running event loop; `worker_urls[g]` is worker `str(g)`.
+    `start()` / `stop()` inside a running event loop; `worker_urls[g]` is worker `str(g)`
+    (its `/metrics` shows `engine="g"`); with `dp_front=True`, `dp_url` serves every
+    worker as one vLLM server with data parallelism does (one `/metrics` page for all
+    engines; `X-data-parallel-rank` pins a rank, else vLLM's balancer picks the engine
+    with the lowest `4 * waiting + running`).
     `sent_digests[request_id]` is the SHA-256 of the exact response body a worker wrote
     (request_id: the `x-request-id` header, else the response id), so an end-to-end test
     can prove proxies in between changed no byte. The sink, if any, is started and closed
     by its owner; the fleet only `put`s `engine_step` events into it.
+
+    Stream shapes, off by default (the world's tap counts chunks): `stream_interval` k
+    sends a choice's tokens k at a time after its first (vLLM's `--stream-interval`);
+    `merge_outputs` sends every token a lagging stream has not yet sent in one chunk (what
+    vLLM's API server does when it falls behind the engine); `split_utf8_every` k >= 2
+    makes every k-th token end mid-character and stream as `""`; `stream_lag_s` makes
+    each stream pause that long after each write, as a busy API server does (with
+    `merge_outputs`, its chunks then carry several tokens).
     """
 
     def __init__(
@@ -179,14 +116,33 @@ class EmulatedFleet(SteppingFleet):
         host: str = "127.0.0.1",
         sink: EventSink | None = None,
         kv_capacity_tokens: int = 2_000_000,
+        stream_interval: int = 1,
+        merge_outputs: bool = False,
+        split_utf8_every: int = 0,
+        dp_front: bool = False,
+        stream_lag_s: float = 0.0,
     ) -> None:
         super().__init__(workers, batch, step_model=step_model, time_scale=time_scale, sink=sink)
         if kv_capacity_tokens < 1:
             raise ValueError("kv_capacity_tokens must be >= 1")
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        if split_utf8_every < 0 or split_utf8_every == 1:
+            raise ValueError(f"split_utf8_every must be 0 (off) or >= 2, got {split_utf8_every}")
         self.model_name = model_name
         self.host = host
         self.kv_capacity_tokens = kv_capacity_tokens
+        self.stream_interval = stream_interval
+        self.merge_outputs = merge_outputs
+        self.split_utf8_every = split_utf8_every
+        self.dp_front = dp_front
+        if stream_lag_s < 0:
+            raise ValueError(f"stream_lag_s must be >= 0, got {stream_lag_s}")
+        self.stream_lag_s = stream_lag_s
+        self.system_fingerprint = wire.fingerprint(workers if dp_front else 1)
+        self.metrics = EngineMetrics(model_name)
         self.worker_urls: list[str] = []
+        self.dp_url: str | None = None
         self.sent_digests: dict[str, str] = {}
         self._servers: list[_WorkerServer] = []
         self._loop_task: asyncio.Task[None] | None = None
@@ -194,42 +150,52 @@ class EmulatedFleet(SteppingFleet):
 
     # ----------------------------------------------------------------- lifecycle
 
+    async def _serve(self, app: _WorkerApp) -> _WorkerServer:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        sock.listen(2048)
+        sock.setblocking(False)
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=port,
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            interface="asgi3",
+            backlog=2048,
+            timeout_keep_alive=60,
+        )
+        server = QuietServer(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        served = _WorkerServer(server, task, f"http://{host}:{port}")
+        self._servers.append(served)
+        return served
+
     async def start(self) -> None:
-        """Start one uvicorn server per worker (free loopback ports) and the decode loop."""
+        """Start one uvicorn server per worker (free loopback ports), the data-parallel
+        front if asked, and the decode loop."""
         if self._loop_task is not None:
             raise RuntimeError("emulated fleet already started")
         for worker in self._workers:
-            metrics = _Metrics.create(self.model_name, str(worker.index))
-            worker.meter = metrics
-            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, 0))
-            sock.listen(2048)
-            sock.setblocking(False)
-            port = sock.getsockname()[1]
-            config = uvicorn.Config(
-                _WorkerApp(self, worker, metrics),
-                host=self.host,
-                port=port,
-                log_level="warning",
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                interface="asgi3",
-                backlog=2048,
-                timeout_keep_alive=60,
-            )
-            server = QuietServer(config)
-            task = asyncio.create_task(server.serve(sockets=[sock]))
-            host = f"[{self.host}]" if ":" in self.host else self.host
-            self._servers.append(_WorkerServer(server, task, f"http://{host}:{port}", metrics))
+            worker.meter = self.metrics.engine(str(worker.index))
+        for worker in self._workers:
+            await self._serve(_WorkerApp(self, [worker]))
+        if self.dp_front:
+            await self._serve(_WorkerApp(self, list(self._workers)))
         for index, served in enumerate(self._servers):
             while not served.server.started:
                 if served.task.done():
                     served.task.result()  # raises the startup error
-                    raise RuntimeError(f"emulated worker {index} did not start")
+                    raise RuntimeError(f"emulated server {index} did not start")
                 await asyncio.sleep(0.002)
-        self.worker_urls = [s.url for s in self._servers]
+        self.worker_urls = [s.url for s in self._servers[: len(self._workers)]]
+        if self.dp_front:
+            self.dp_url = self._servers[-1].url
         self._loop_task = asyncio.create_task(self.run(), name="emulated-decode-loop")
 
     async def stop(self) -> None:
@@ -241,6 +207,8 @@ class EmulatedFleet(SteppingFleet):
         for worker in self._workers:
             if worker.alive:
                 self.kill_worker(worker.index)
+        if self.dp_front and len(self._servers) > len(self._workers):
+            self._servers[-1].server.should_exit = True
         tasks = [s.task for s in self._servers]
         if self._handlers:
             await asyncio.wait(list(self._handlers), timeout=2.0)
@@ -254,7 +222,8 @@ class EmulatedFleet(SteppingFleet):
 
     def kill_worker(self, g: int) -> None:
         """Crash worker `g`: cut its connections mid-stream, drop its requests, stop
-        stepping it. The rest of the fleet goes on."""
+        stepping it. The rest of the fleet goes on (the data-parallel front too: its
+        streams on `g` end without [DONE], new requests avoid `g`)."""
         if not self._workers[g].alive:
             return
         if g < len(self._servers):
@@ -277,79 +246,28 @@ class EmulatedFleet(SteppingFleet):
         if len(self.sent_digests) > MAX_DIGESTS:
             del self.sent_digests[next(iter(self.sent_digests))]
 
-    def _metrics_text(self, worker: EngineWorker, metrics: _Metrics) -> bytes:
-        metrics.running.set(len(worker.running))
-        metrics.waiting.set(len(worker.waiting))
-        metrics.kv_usage.set(min(1.0, worker.load() / self.kv_capacity_tokens))
-        return generate_latest(metrics.registry)
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-def _words(text: str) -> int:
-    return len(text.split())
-
-
-def _max_tokens(payload: dict[str, Any], chat: bool) -> int:
-    value = payload.get("max_tokens")
-    if value is None and chat:
-        value = payload.get("max_completion_tokens")
-    if value is None:
-        return DEFAULT_MAX_TOKENS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _BadRequest(f"max_tokens must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _prompt_tokens(payload: dict[str, Any], chat: bool) -> int:
-    """Token count of the prompt: ids are counted, text is counted in words."""
-    if chat:
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("messages must be a non-empty list")
-        words = 0
-        for message in messages:
-            if not isinstance(message, dict):
-                raise _BadRequest("each message must be an object")
-            content = message.get("content")
-            if isinstance(content, str):
-                words += _words(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        words += _words(part["text"])
-        return max(1, words)
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return max(1, _words(prompt))
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return len(prompt)
-    raise _BadRequest("prompt must be a string or a non-empty list of token ids (batch of one)")
-
-
-def _error_body(status: int, kind: str, message: str) -> bytes:
-    return _dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
+    def _metrics_text(self, workers: list[EngineWorker], view: EngineView) -> bytes:
+        for worker in workers:
+            meter = worker.meter
+            if meter is not None:
+                meter.sample(  # type: ignore[attr-defined]
+                    len(worker.running),
+                    len(worker.waiting),
+                    min(1.0, worker.load() / self.kv_capacity_tokens),
+                )
+        return generate_latest(view)  # type: ignore[arg-type]
 
 
 class _WorkerApp:
-    """The ASGI app of one worker: vLLM's OpenAI-compatible subset, /metrics, /health."""
+    """The ASGI app of one server: vLLM's OpenAI-compatible subset, /metrics, /health.
 
-    def __init__(self, fleet: EmulatedFleet, worker: EngineWorker, metrics: _Metrics) -> None:
+    It serves `workers` (one, or every engine on the data-parallel front); `/metrics`
+    shows only their engines."""
+
+    def __init__(self, fleet: EmulatedFleet, workers: list[EngineWorker]) -> None:
         self.fleet = fleet
-        self.worker = worker
-        self.metrics = metrics
-        self.model_json = _dumps(fleet.model_name)
+        self.workers = workers
+        self.view = EngineView(fleet.metrics.registry, [str(w.index) for w in workers])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -357,7 +275,7 @@ class _WorkerApp:
         path, method = scope["path"], scope["method"]
         if path in ("/v1/completions", "/v1/chat/completions"):
             if method != "POST":
-                await self._respond(send, 405, _error_body(405, "MethodNotAllowed", method))
+                await self._respond(send, 405, wire.error_body(405, "MethodNotAllowed", method))
                 return
             task = asyncio.current_task()
             assert task is not None
@@ -367,28 +285,17 @@ class _WorkerApp:
             finally:
                 self.fleet._handlers.discard(task)
         elif path == "/metrics" and method == "GET":
-            body = self.fleet._metrics_text(self.worker, self.metrics)
+            body = self.fleet._metrics_text(self.workers, self.view)
             await self._respond(send, 200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
         elif path == "/health" and method == "GET":
             await self._respond(send, 200, b"", [])
         elif path == "/v1/models" and method == "GET":
-            body = {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.fleet.model_name,
-                        "object": "model",
-                        "created": int(time.time()),
-                        "owned_by": "vllm",
-                        "root": self.fleet.model_name,
-                        "parent": None,
-                        "permission": [],
-                    }
-                ],
-            }
-            await self._respond(send, 200, _dumps(body))
+            name = self.fleet.model_name
+            model = {"id": name, "object": "model", "created": int(time.time())}
+            model.update(owned_by="vllm", root=name, parent=None, permission=[])
+            await self._respond(send, 200, wire.dumps({"object": "list", "data": [model]}))
         else:
-            await self._respond(send, 404, _dumps({"detail": "Not Found"}))
+            await self._respond(send, 404, wire.dumps({"detail": "Not Found"}))
 
     @staticmethod
     async def _respond(
@@ -403,10 +310,21 @@ class _WorkerApp:
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
+    def _pick(self, scope: Scope) -> EngineWorker:
+        """The engine a request runs on: the one pinned by `X-data-parallel-rank`, else
+        (on the front) vLLM's choice, the live engine with the lowest 4 * waiting + running."""
+        rank = pinned_rank(header(scope, b"x-data-parallel-rank"), [w.index for w in self.workers])
+        if rank is None:
+            live = [w for w in self.workers if w.alive] or self.workers
+            return min(live, key=lambda w: (4 * len(w.waiting) + len(w.running), w.index))
+        return next(w for w in self.workers if w.index == rank)
+
     async def _completion(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
         fleet = self.fleet
-        header_id = _header(scope, b"x-request-id")
-        response_id = ("chatcmpl-" if chat else "cmpl-") + (header_id or uuid.uuid4().hex)
+        header_id = header(scope, b"x-request-id")
+        base = header_id or uuid.uuid4().hex
+        response_id = ("chatcmpl-" if chat else "cmpl-") + base
+        engine_id = response_id if chat else f"{response_id}-0"  # vLLM's external id
         key = header_id or response_id
         digest = hashlib.sha256()
         reply_headers = list(_JSON_HEADERS)
@@ -420,170 +338,169 @@ class _WorkerApp:
                     return
                 body += message.get("body", b"")
                 if len(body) > MAX_BODY_BYTES:
-                    raise _BadRequest("request body too large")
+                    raise BadRequest("request body too large")
                 if not message.get("more_body", False):
                     break
             try:
                 payload = json.loads(body)
             except ValueError as error:
-                raise _BadRequest(f"request body is not valid JSON: {error}") from None
-            if not isinstance(payload, dict):
-                raise _BadRequest("request body must be a JSON object")
-            prompt_tokens = _prompt_tokens(payload, chat)
-            max_tokens = _max_tokens(payload, chat)
-            stream = bool(payload.get("stream", False))
-            options = payload.get("stream_options")
-            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        except _BadRequest as error:
-            body_bytes = _error_body(400, "BadRequestError", str(error))
+                raise BadRequest(f"request body is not valid JSON: {error}") from None
+            ask = parse(payload, chat)
+            worker = self._pick(scope)
+        except BadRequest as error:
+            body_bytes = wire.error_body(400, "BadRequestError", str(error), error.param)
             digest.update(body_bytes)
             fleet._record_digest(key, digest.hexdigest())
             await self._respond(send, 400, body_bytes, reply_headers)
             return
-        if not self.worker.alive:
-            await self._respond(send, 503, _error_body(503, "ServiceUnavailable", "worker down"))
+        if not worker.alive:
+            body_bytes = wire.error_body(503, "ServiceUnavailable", "worker down")
+            await self._respond(send, 503, body_bytes)
             return
 
-        request = EngineRequest(key, prompt_tokens, max_tokens, self.worker.index)
-        fleet.submit(request)
-        watcher = asyncio.create_task(self._watch_disconnect(receive, request))
+        requests = [
+            EngineRequest(
+                engine_id,
+                ask.prompt_tokens,
+                ask.max_tokens,
+                worker.index,
+                output_tokens=ask.output_tokens,
+                finish_reason=ask.finish_reason,
+                fail_after=ask.fail_after,
+            )
+            for _ in range(ask.n)
+        ]
+        for request in requests:
+            fleet.submit(request)
+        watcher = asyncio.create_task(self._watch_disconnect(receive, requests))
+        created = int(time.time())
         try:
-            if stream:
+            if ask.stream:
+                shape = wire.StreamShape(
+                    response_id, created, fleet.model_name, chat, ask.prompt_tokens,
+                    ask.include_usage, ask.continuous_usage, fleet.system_fingerprint,
+                )  # fmt: skip
                 sse_headers = _SSE_HEADERS + reply_headers[1:]
-                await self._stream(
-                    send, request, response_id, chat, include_usage, digest, sse_headers
-                )
+                await self._stream(send, requests, ask, shape, digest, sse_headers)
             else:
-                await self._unary(send, request, response_id, chat, digest, reply_headers)
+                await self._unary(send, requests, ask, response_id, created, chat, digest,
+                                  reply_headers)  # fmt: skip
         finally:
             watcher.cancel()
-            fleet.release(request)
+            for request in requests:
+                fleet.release(request)
             fleet._record_digest(key, digest.hexdigest())
 
-    async def _watch_disconnect(self, receive: Receive, request: EngineRequest) -> None:
-        """The client hung up: stop generating and free the slot at once."""
+    async def _watch_disconnect(self, receive: Receive, requests: list[EngineRequest]) -> None:
+        """The client hung up: stop generating and free the slots at once."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 break
-        self.fleet.release(request)
+        for request in requests:
+            self.fleet.release(request)
+
+    def _text(self, request: EngineRequest, start: int, stop: int) -> str:
+        count = request.output_tokens or request.max_tokens
+        split, reason = self.fleet.split_utf8_every, request.finish_reason
+        return "".join(wire.token_text(j, count, split, reason) for j in range(start, stop))
 
     async def _stream(
         self,
         send: Send,
-        request: EngineRequest,
-        response_id: str,
-        chat: bool,
-        include_usage: bool,
+        requests: list[EngineRequest],
+        ask: Ask,
+        shape: wire.StreamShape,
         digest: Any,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        """SSE exactly like vLLM: one `data:` chunk per token, then usage, then [DONE]."""
-        created = int(time.time())
-        head = b'data: {"id":' + _dumps(response_id)
-        obj = b"chat.completion.chunk" if chat else b"text_completion"
-        head += b',"object":"' + obj + b'","created":' + str(created).encode()
-        head += b',"model":' + self.model_json
-        if chat:
-            prefix = head + b',"choices":[{"index":0,"delta":{"content":" tok'
-            middle = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
-            final = b'"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-            role: bytes | None = head + (
-                b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                b'"logprobs":null,"finish_reason":null}]}\n\n'
-            )
-        else:
-            prefix = head + b',"choices":[{"index":0,"text":" tok'
-            middle = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            final = b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-            role = None
-        last = request.max_tokens - 1
-
+        """SSE like vLLM: each engine output of each choice a `data:` chunk, then the
+        usage chunk if asked, then [DONE]; an engine failure sends an error chunk."""
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        sent = 0
+        n = len(requests)
+        sent = [0] * n
+        closed = [False] * n
+        role_pending = shape.chat
+        interval, merge = self.fleet.stream_interval, self.fleet.merge_outputs
+        tools = [wire.tool_call_id(r.finish_reason) for r in requests]
         while True:
-            generated = request.generated
-            if generated > sent:
-                parts = [prefix + str(i).encode() + (final if i == last else middle)
-                         for i in range(sent, generated)]  # fmt: skip
-                if role is not None:
-                    parts.insert(0, role)
-                    role = None
+            if any(r.state == FAILED for r in requests):
+                tail = wire.STREAM_ERROR_LINE + wire.DONE_LINE
+                break
+            if any(r.state in (CANCELLED, DROPPED) for r in requests):
+                return  # the client left or the worker died: no end of stream
+            parts: list[bytes] = []
+            for i, request in enumerate(requests):
+                generated, done = request.generated, request.state == DONE
+                for size in wire.chunk_sizes(sent[i], generated, done, interval, merge):
+                    start, sent[i] = sent[i], sent[i] + size
+                    last = done and sent[i] == generated
+                    tool = tools[i]
+                    parts.append(
+                        shape.chunk(
+                            i,
+                            self._text(request, start, sent[i]),
+                            sent[i],
+                            request.finish_reason if last else None,
+                            ask.stop_reason if last else None,
+                            tool_call=None if tool is None else (tool if start == 0 else ""),
+                        )
+                    )
+                    closed[i] = closed[i] or last
+            if parts:
+                if role_pending:
+                    parts[:0] = [shape.role(i) for i in range(n)]
+                    role_pending = False
                 data = parts[0] if len(parts) == 1 else b"".join(parts)
                 digest.update(data)
-                sent = generated
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                if self.fleet.stream_lag_s:
+                    await asyncio.sleep(self.fleet.stream_lag_s)
                 continue
-            state = request.state
-            if state == DONE:
+            if all(closed):
+                tail = wire.DONE_LINE
+                if ask.include_usage:
+                    tail = shape.usage_chunk(sum(r.generated for r in requests)) + tail
                 break
-            if state in (CANCELLED, DROPPED):
-                return  # the client left or the worker died: no end of stream
-            await request.wait()
-        tail = _DONE_LINE
-        if include_usage:
-            usage = {
-                "id": response_id,
-                "object": obj.decode(),
-                "created": created,
-                "model": self.fleet.model_name,
-                "choices": [],
-                "usage": {
-                    "prompt_tokens": request.prompt_tokens,
-                    "completion_tokens": request.generated,
-                    "total_tokens": request.prompt_tokens + request.generated,
-                },
-            }
-            tail = b"data: " + _dumps(usage) + b"\n\n" + _DONE_LINE
+            await wait_any(requests)
         digest.update(tail)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _unary(
         self,
         send: Send,
-        request: EngineRequest,
+        requests: list[EngineRequest],
+        ask: Ask,
         response_id: str,
+        created: int,
         chat: bool,
         digest: Any,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        """Non-streaming: the request still decodes step by step; answer when it is done."""
-        while request.state not in (DONE, CANCELLED, DROPPED):
-            await request.wait()
-        if request.state != DONE:
+        """Non-streaming: the requests still decode step by step; answer when all are done
+        (a 500 if the engine failed one, nothing if the client left or the worker died)."""
+        while not all(r.ended for r in requests):
+            await wait_any([r for r in requests if not r.ended])
+        if any(r.state == FAILED for r in requests):
+            body = wire.error_body(500, "InternalServerError", "Internal server error")
+            digest.update(body)
+            await self._respond(send, 500, body, headers)
             return
-        text = "".join(f" tok{i}" for i in range(request.generated))
-        usage = {
-            "prompt_tokens": request.prompt_tokens,
-            "total_tokens": request.prompt_tokens + request.generated,
-            "completion_tokens": request.generated,
-        }
-        choice: dict[str, Any]
-        if chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": "length",
-                "stop_reason": None,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": "length",
-                "stop_reason": None,
-            }
-        body = _dumps(
-            {
-                "id": response_id,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": self.fleet.model_name,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
+        if any(r.state != DONE for r in requests):
+            return
+        choices = [
+            wire.Choice(
+                self._text(r, 0, r.generated),
+                r.generated,
+                r.finish_reason,
+                ask.stop_reason,
+                wire.tool_call_id(r.finish_reason),
+            )
+            for r in requests
+        ]
+        body = wire.unary_body(
+            response_id, created, self.fleet.model_name, chat, ask.prompt_tokens, choices,
+            self.fleet.system_fingerprint,
+        )  # fmt: skip
         digest.update(body)
         await self._respond(send, 200, body, headers)

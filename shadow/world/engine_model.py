@@ -5,7 +5,8 @@ in real time, with no HTTP (BALANCEROUTE.md, "The setting").
 - ONE loop steps the whole fleet behind a barrier: before a step, waiting requests are
   admitted into free slots; the step takes `T = step_model.step_ms(max_g L_g) / time_scale`
   with `L_g = sum over running (prompt_tokens + generated)`; then every running request
-  generates one token, and those that reached `max_tokens` finish and free their slots;
+  generates one token, and those that reached their output length finish and free their
+  slots (a request may be told to end early with another finish reason, or to fail);
 - after each step every live worker reports an `engine_step` event to the optional sink.
 
 Whoever serves the requests (`shadow.world.emulator`) submits them, waits on them and
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 MAX_LAG_S = 0.0008  # the most a step is shortened to make up for late timer wake-ups
 
 # The states of a request: queued, in a slot, finished (all tokens), abandoned by its
-# client, lost with its worker.
-WAITING, RUNNING, DONE, CANCELLED, DROPPED = range(5)
+# client, lost with its worker, failed inside the engine (an injected fault: the server
+# answers with an error, the worker lives on).
+WAITING, RUNNING, DONE, CANCELLED, DROPPED, FAILED = range(6)
+ENDED = (DONE, CANCELLED, DROPPED, FAILED)
 
 
 class EventSink(Protocol):
@@ -47,8 +50,11 @@ class WorkerMeter(Protocol):
     def admitted(self, prompt_tokens: int) -> None:
         """A request entered a slot (its prompt counts as prefilled)."""
 
-    def stepped(self, produced: int, finished: int, itl_samples: int, duration_s: float) -> None:
-        """A step ended: tokens made, requests finished, inter-token gaps of `duration_s`."""
+    def stepped(
+        self, produced: int, finished: list[str], itl_samples: int, duration_s: float
+    ) -> None:
+        """A step ended: tokens made, the finish reason of each request that finished,
+        inter-token gaps of `duration_s`."""
 
     def aborted(self) -> None:
         """A request's client went away before it finished."""
@@ -65,6 +71,16 @@ class EngineRequest:
     generated: int = 0
     state: int = WAITING
     waiter: asyncio.Future[None] | None = None
+    #: tokens it generates before it finishes (None: `max_tokens`, as with `ignore_eos`)
+    output_tokens: int | None = None
+    #: what it finishes with once it has them ("length", "stop", "tool_calls", ...)
+    finish_reason: str = "length"
+    #: fail inside the engine after this many tokens (an injected fault), if set
+    fail_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.output_tokens is None:
+            self.output_tokens = self.max_tokens
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -77,6 +93,22 @@ class EngineRequest:
         """Sleep until the decode loop (or a cancel or kill) changes this request."""
         self.waiter = asyncio.get_running_loop().create_future()
         await self.waiter
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+async def wait_any(requests: list[EngineRequest]) -> None:
+    """Sleep until the decode loop changes any of `requests` (the n choices of one HTTP
+    request share one future; a wake on one of them ends the wait)."""
+    if len(requests) == 1:
+        await requests[0].wait()
+        return
+    waiter = asyncio.get_running_loop().create_future()
+    for request in requests:
+        request.waiter = waiter
+    await waiter
 
 
 @dataclass(eq=False)
@@ -143,6 +175,11 @@ class SteppingFleet:
         """`L_g` now: KV tokens of worker g's running requests."""
         return self._workers[g].load()
 
+    def request_keys(self, g: int) -> list[str]:
+        """The engine ids of worker g's requests, running then waiting (one per choice)."""
+        worker = self._workers[g]
+        return [r.key for r in (*worker.running, *worker.waiting)]
+
     # ----------------------------------------------------------------- requests
 
     def submit(self, request: EngineRequest) -> None:
@@ -165,6 +202,21 @@ class SteppingFleet:
         self.cancelled += 1
         if worker.meter is not None:
             worker.meter.aborted()
+
+    def fail_requests(self, g: int) -> int:
+        """An injected engine fault on worker `g`: every request it holds fails (its
+        server answers with an error, as vLLM does on a generation error); the worker
+        lives on and takes new requests. Returns how many failed."""
+        worker = self._workers[g]
+        failed = [*worker.running, *worker.waiting]
+        worker.running.clear()
+        worker.waiting.clear()
+        for request in failed:
+            request.state = FAILED
+            request.wake()
+        if failed and worker.meter is not None:
+            worker.meter.stepped(0, ["error"] * len(failed), 0, 0.0)
+        return len(failed)
 
     def crash(self, g: int) -> bool:
         """Worker `g` dies: its requests are dropped and it is no longer stepped. False if
@@ -246,6 +298,7 @@ class SteppingFleet:
             if not worker.alive:  # killed during the step
                 continue
             finished: list[EngineRequest] = []
+            reasons: list[str] = []
             produced = 0
             itl_samples = 0
             for request in worker.running:
@@ -253,15 +306,20 @@ class SteppingFleet:
                     itl_samples += 1
                 request.generated += 1
                 produced += 1
-                if request.generated >= request.max_tokens:
+                if request.fail_after is not None and request.generated >= request.fail_after:
+                    request.state = FAILED
+                    finished.append(request)
+                    reasons.append("error")
+                elif request.generated >= (request.output_tokens or request.max_tokens):
                     request.state = DONE
                     finished.append(request)
+                    reasons.append(request.finish_reason)
                 request.wake()
             for request in finished:
                 del worker.running[request]
-            self.completed += len(finished)
+            self.completed += sum(r.state == DONE for r in finished)
             if worker.meter is not None:
-                worker.meter.stepped(produced, len(finished), itl_samples, duration_s)
+                worker.meter.stepped(produced, reasons, itl_samples, duration_s)
             if sink is not None:
                 event = EngineStepEvent(
                     ts=now,

@@ -96,7 +96,7 @@ def lifespan(state: AppState) -> Callable[[FastAPI], AbstractAsyncContextManager
         companion = None
         poller = None
         try:
-            targets = [Target(e.worker, e.url) for e in settings.engines]
+            targets = [Target(e.worker, e.url, e.engine) for e in settings.engines]
             if state.companion is not None:
                 companion = state.companion
                 addresses = await run_in_threadpool(companion.start, runtime.pipeline)

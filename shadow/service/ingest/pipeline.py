@@ -518,9 +518,10 @@ class Pipeline:
     # -- engine scrapes -------------------------------------------------------------
 
     def record_engine_sample(self, fleet: str, worker: str, ts: float, sample: Any) -> None:
-        """A scrape of one engine's `/metrics` (running, waiting, kv_usage, ...). It is
-        compared with the mirror once the applied stream has reached its time. Lock-free:
-        the poller calls it from the event loop."""
+        """A scrape of one engine's `/metrics` (a poller `EngineSample`: running, waiting
+        and its split by reason, preemptions, kv_usage, ...). It is compared with the
+        mirror once the applied stream has reached its time. Lock-free: the poller calls
+        it from the event loop."""
         self._incoming_samples.put((fleet, ts, worker, sample))
 
     def _check_samples(self, state: FleetState, violations: list, batch: EventBatch) -> None:
@@ -536,7 +537,15 @@ class Pipeline:
                 (state.fleet, worker, ts, float(sample.running), float(sample.waiting),
                  sample.kv_usage, sample.generation_tokens, active)
             )  # fmt: skip
-            found = state.checker.on_engine_sample(state.mirror, ts, worker, sample.running)
+            found = state.checker.on_engine_sample(
+                state.mirror,
+                ts,
+                worker,
+                sample.running,
+                deferred=sample.waiting_for("deferred"),
+                capacity_waiting=sample.waiting_for("capacity"),
+                preemptions=sample.preemptions,
+            )
             violations.extend((self._next_id - 1, v) for v in found)
 
     # -- windows (see `windows.WindowScheduler`) -----------------------------------
