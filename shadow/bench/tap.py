@@ -78,16 +78,19 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 240.0) -> VllmServer:
-        from shadow.world.tiny_model import build_tiny_model
-
-        build_tiny_model(self.model_dir)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               "PYTHONPATH": str(REPO)}  # fmt: skip
+        # built by vLLM's Python: it has the tokenizers library, this one may not
+        subprocess.run(
+            [self.python, "-c", "import sys; from pathlib import Path; from shadow.world."
+             "tiny_model import build_tiny_model; build_tiny_model(Path(sys.argv[1]))",
+             str(self.model_dir)], env=env, check=True, timeout=300,
+        )  # fmt: skip
         command = [self.python, "-m", "vllm.entrypoints.openai.api_server",
                    "--model", str(self.model_dir), "--served-model-name", "tiny",
                    "--load-format", "dummy", "--enforce-eager", "--dtype", "bfloat16",
                    "--max-model-len", "4096", "--port", str(self.port),
                    "--data-parallel-size", str(self.dp), *self.extra]  # fmt: skip
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "PYTHONPATH": str(REPO)}  # fmt: skip
         log = open(self.model_dir / "vllm.log", "wb")  # noqa: SIM115 - the server's lifetime
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)  # fmt: skip
