@@ -174,7 +174,7 @@ class Recorder:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _serve_in_thread(app) -> tuple[str, uvicorn.Server]:
+def serve_in_thread(app) -> tuple[str, uvicorn.Server]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off"))  # fmt: skip
@@ -250,7 +250,7 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
         try:
             service = ServerProcess(work / "bench.duckdb").start()
             recorder = Recorder(engine.url)
-            recorder_url, recorder_server = _serve_in_thread(recorder)
+            recorder_url, recorder_server = serve_in_thread(recorder)
             tap_port, metrics_port = free_port(), free_port()
             tap = subprocess.Popen(
                 [sys.executable, "-m", "shadow.cli", "tap", "--service", service.url,
