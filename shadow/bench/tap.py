@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -142,6 +143,12 @@ class Recorder:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
+        if scope["path"] == "/__record":  # hand over (and forget) what was recorded
+            record = json.dumps({"stamps": self.stamps, "digests": self.digests}).encode()
+            self.stamps, self.digests = {}, {}
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": record})
+            return
         body = b""
         while True:
             message = await receive()
@@ -172,6 +179,13 @@ class Recorder:
         await upstream.aclose()
         self.digests[rid] = digest.hexdigest()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def recorder_main(port: int, upstream: str) -> None:
+    """The recorder as a process of its own (`bench tap` runs it so), so that neither the
+    client's nor the tap's work delays its stamps."""
+    uvicorn.run(Recorder(upstream), host="127.0.0.1", port=port, log_level="warning",
+                lifespan="off")  # fmt: skip
 
 
 def serve_in_thread(app) -> tuple[str, uvicorn.Server]:
@@ -205,6 +219,11 @@ async def _streams(base: str, requests: int, concurrency: int, max_tokens: int, 
 
         await asyncio.gather(*(one(i) for i in range(requests)))
     return seen
+
+
+def _recorded(recorder_url: str) -> tuple[dict, dict]:
+    record = httpx.get(recorder_url + "/__record", timeout=30).json()
+    return record["stamps"], record["digests"]
 
 
 def _hop_ms(stamps: dict, seen: dict) -> np.ndarray:
@@ -246,11 +265,17 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
     with tempfile.TemporaryDirectory(prefix="shadow-bench-tap-") as tmp:
         work = Path(tmp)
         engine = VllmServer(python, work / "model").start()
-        service = tap = None
+        service = tap = recorder = None
         try:
             service = ServerProcess(work / "bench.duckdb").start()
-            recorder = Recorder(engine.url)
-            recorder_url, recorder_server = serve_in_thread(recorder)
+            recorder_port = free_port()
+            recorder = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from shadow.bench.tap import recorder_main; "
+                 "recorder_main(int(sys.argv[1]), sys.argv[2])", str(recorder_port), engine.url],
+                cwd=REPO,
+            )  # fmt: skip
+            recorder_url = f"http://127.0.0.1:{recorder_port}"
+            _wait_http(recorder_url + "/__record", recorder)
             tap_port, metrics_port = free_port(), free_port()
             tap = subprocess.Popen(
                 [sys.executable, "-m", "shadow.cli", "tap", "--service", service.url,
@@ -262,19 +287,20 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
             tap_url = f"http://127.0.0.1:{tap_port}"
             asyncio.run(_streams(recorder_url, concurrency, concurrency, 16, "warm"))
             asyncio.run(_streams(tap_url, concurrency, concurrency, 16, "warmtap"))
-            recorder.stamps.clear()
+            _recorded(recorder_url)
             direct = asyncio.run(_streams(recorder_url, requests, concurrency, max_tokens, "d"))
-            direct_ms = _hop_ms(recorder.stamps, direct)
-            recorder.stamps.clear()
+            direct_ms = _hop_ms(_recorded(recorder_url)[0], direct)
             cpu_before, started = _cpu_seconds(tap.pid), time.perf_counter()
             through = asyncio.run(_streams(tap_url, requests, concurrency, max_tokens, "t"))
             elapsed, cpu = time.perf_counter() - started, _cpu_seconds(tap.pid) - cpu_before
-            tap_ms = _hop_ms(recorder.stamps, through)
-            recorder_server.should_exit = True
+            tap_ms = _hop_ms(_recorded(recorder_url)[0], through)
         finally:
             if tap is not None and tap.poll() is None:
                 tap.send_signal(signal.SIGINT)
                 tap.wait(timeout=30)
+            if recorder is not None:
+                recorder.terminate()
+                recorder.wait(timeout=30)
             if service is not None:
                 service.stop()
             engine.stop()
@@ -294,7 +320,8 @@ def _wait_http(url: str, process: subprocess.Popen, timeout: float = 60.0) -> No
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"shadow tap exited: {process.stderr.read().decode()}")
+            error = process.stderr.read().decode() if process.stderr else ""
+            raise RuntimeError(f"{url}: the process exited: {error}")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
