@@ -221,6 +221,15 @@ async def _streams(base: str, requests: int, concurrency: int, max_tokens: int, 
     return seen
 
 
+async def _both(direct_url: str, tap_url: str, requests: int, concurrency: int, tokens: int):
+    """Straight and tapped streams at the same time, so both meet the same machine (a
+    shared one's load changes from one minute to the next)."""
+    return await asyncio.gather(
+        _streams(direct_url, requests, concurrency, tokens, "d"),
+        _streams(tap_url, requests, concurrency, tokens, "t"),
+    )
+
+
 def _recorded(recorder_url: str) -> tuple[dict, dict]:
     record = httpx.get(recorder_url + "/__record", timeout=30).json()
     return record["stamps"], record["digests"]
@@ -288,12 +297,12 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
             asyncio.run(_streams(recorder_url, concurrency, concurrency, 16, "warm"))
             asyncio.run(_streams(tap_url, concurrency, concurrency, 16, "warmtap"))
             _recorded(recorder_url)
-            direct = asyncio.run(_streams(recorder_url, requests, concurrency, max_tokens, "d"))
-            direct_ms = _hop_ms(_recorded(recorder_url)[0], direct)
             cpu_before, started = _cpu_seconds(tap.pid), time.perf_counter()
-            through = asyncio.run(_streams(tap_url, requests, concurrency, max_tokens, "t"))
+            direct, through = asyncio.run(_both(recorder_url, tap_url, requests, concurrency,
+                                                max_tokens))  # fmt: skip
             elapsed, cpu = time.perf_counter() - started, _cpu_seconds(tap.pid) - cpu_before
-            tap_ms = _hop_ms(_recorded(recorder_url)[0], through)
+            stamps = _recorded(recorder_url)[0]
+            direct_ms, tap_ms = _hop_ms(stamps, direct), _hop_ms(stamps, through)
         finally:
             if tap is not None and tap.poll() is None:
                 tap.send_signal(signal.SIGINT)
