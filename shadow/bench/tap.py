@@ -1,12 +1,13 @@
 """`shadow bench tap`: what the tap costs a real vLLM stream.
 
-The same streams are read twice, straight and through a `shadow tap` process. Between
-vLLM and both paths sits a recorder in this process: it relays vLLM's bytes and stamps
-each chunk as it writes it; the client stamps the moment it has received every byte up
-to that chunk's end. Their difference is the hop's latency per chunk, on one clock; what
-the tap adds is the through-tap hop less the straight one (P50 and P99 of each). The tap
-runs in its own process (sending its events to a real `shadow serve`), so its CPU time
-per 1,000 chunks is read from the kernel and nothing else is counted in it.
+Streams are read straight and through a `shadow tap` process at the same time (so
+both meet the same load on a shared machine). Between vLLM and both paths sits a recorder,
+a process of its own: it relays vLLM's bytes and stamps each chunk as it writes it; the
+client stamps the moment it has received every byte up to that chunk's end. Their
+difference is the hop's latency per chunk, on the machine's monotonic clock; what the tap
+adds is the tapped hop less the straight one (P50 and P99 of each). The tap runs in its
+own process (sending its events to a real `shadow serve`), so its CPU time per 1,000
+chunks is read from the kernel and nothing else is counted in it.
 
 Targets: P99 added <= 1 ms on loopback; <= 5% of a core at 1,000 chunks/s, i.e. at most
 50 ms of tap CPU per 1,000 chunks.
