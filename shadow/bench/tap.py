@@ -38,6 +38,9 @@ from shadow.world.process import REPO, ServerProcess, free_port
 
 TARGET_P99_ADDED_MS = 1.0
 TARGET_CPU_S_PER_1000 = 0.05  # 5% of a core at 1,000 chunks/s
+#: a straight hop whose P99 is above this says the machine's own jitter is larger than the
+#: 1 ms to judge: the latency verdict is then None (inconclusive), not a pass
+NOISE_P99_MS = 10.0
 FALLBACK_VLLM_PYTHON = Path("/tmp/vllmvenv/bin/python")
 
 
@@ -266,7 +269,8 @@ class TapBench:
     chunks_per_s: float
     #: CPU seconds per 1,000 chunks: also the share of a core at 1,000 chunks/s
     tap_cpu_s_per_1000: float
-    p99_met: bool
+    #: None: inconclusive (the straight hop's own P99 is above NOISE_P99_MS)
+    p99_met: bool | None
     cpu_met: bool
 
 
@@ -322,7 +326,8 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
         chunks=chunks, direct_p50_ms=d50, direct_p99_ms=d99, tap_p50_ms=t50, tap_p99_ms=t99,
         added_p50_ms=t50 - d50, added_p99_ms=t99 - d99, chunks_per_s=chunks / elapsed,
         tap_cpu_s_per_1000=per_1000,
-        p99_met=t99 - d99 <= TARGET_P99_ADDED_MS, cpu_met=per_1000 <= TARGET_CPU_S_PER_1000,
+        p99_met=None if d99 > NOISE_P99_MS else t99 - d99 <= TARGET_P99_ADDED_MS,
+        cpu_met=per_1000 <= TARGET_CPU_S_PER_1000,
     )  # fmt: skip
 
 
