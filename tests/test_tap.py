@@ -438,3 +438,94 @@ def test_the_help_documents_both_ways_in():
     for text in ("listen=", "path_prefix=/w0", "header=w0", "X-data-parallel-rank",
                  "[[tap.engines]]"):  # fmt: skip
         assert text in result.stdout, text
+
+
+# --------------------------------------------------------------------------- real vLLM
+
+
+def _vllm_python() -> str | None:
+    from shadow.bench.tap import VllmUnavailable, vllm_python
+
+    try:
+        return vllm_python()
+    except VllmUnavailable:
+        return None
+
+
+@pytest.mark.skipif(_vllm_python() is None, reason="no Python with vLLM (SHADOW_VLLM_PYTHON)")
+def test_real_vllm_two_ranks_through_the_tap(world, tmp_path):
+    """Real vLLM (the tiny model, 2 DP ranks) behind a recorder behind the tap, whose two
+    workers pin the two ranks: the client's bytes are what vLLM sent, the counts are the
+    engine's, and each worker's requests ran on its rank. It starts a vLLM server: run it
+    under `flock /tmp/vllm.lock` (one at a time on a shared machine)."""
+    from shadow.bench.tap import Recorder, VllmServer, serve_in_thread
+
+    loop, _, _, _, service = world
+    (tmp_path / "token").write_text(TOKEN)
+    engine = VllmServer(_vllm_python() or "", tmp_path / "model", dp=2).start()
+    recorder_server = tap = None
+    try:
+        recorder = Recorder(engine.url)
+        recorder_url, recorder_server = serve_in_thread(recorder)
+        config = validate(config_from_mapping({"tap": {
+            "service": service.url, "token_file": str(tmp_path / "token"),
+            "listen": "127.0.0.1:0", "source": "tap-vllm", "fleet": "vllm",
+            "engines": [
+                {"worker": "r0", "upstream": recorder_url, "path_prefix": "/r0",
+                 "dp_rank": 0, "capacity": 8},
+                {"worker": "r1", "upstream": recorder_url, "path_prefix": "/r1",
+                 "dp_rank": 1, "capacity": 8},
+            ],
+        }}))  # fmt: skip
+        tap = loop.run(RunningTap(config).start())
+        shared = tap.addresses["shared"]
+        cases = [
+            ("/v1/completions", {"prompt": "hello there, engine", "stream": True}, "cmpl"),
+            ("/v1/completions", {"prompt": "count me exactly", "stream": True,
+                                 "stream_options": {"include_usage": True}}, "cmpl"),
+            ("/v1/completions", {"prompt": "not streamed", "stream": False}, "cmpl"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                      "stream": True,
+                                      "stream_options": {"include_usage": True}}, "chat"),
+        ]  # fmt: skip
+        ran = []
+        for path, extra, kind in cases:
+            header_id = uuid.uuid4().hex
+            body = {"model": "tiny", "max_tokens": 24, "ignore_eos": True, **extra}
+            status, data, _ = _stream(shared + "/r1" + path, body, {"x-request-id": header_id})
+            assert status == 200, data[:300]
+            assert hashlib.sha256(data).hexdigest() == recorder.digests[header_id]
+            rid = f"chatcmpl-{header_id}" if kind == "chat" else f"cmpl-{header_id}-0"
+            ran.append((rid, extra))
+        with httpx.Client(base_url=service.url, headers={"authorization": f"Bearer {TOKEN}"},
+                          timeout=30) as client:  # fmt: skip
+            for rid, extra in ran:
+                deadline = time.monotonic() + 20
+                while True:
+                    client.post("/v1/flush")
+                    history = client.get(f"/v1/fleets/vllm/requests/{rid}").json()
+                    finishes = [e for e in history.get("events", []) if e["type"] == "finish"]
+                    if finishes:
+                        break
+                    assert time.monotonic() < deadline, f"no finish for {rid}"
+                    time.sleep(0.2)
+                (finish,) = finishes
+                assert finish["reason"] == "length"
+                exact = not extra["stream"] or "stream_options" in extra
+                if exact:  # usage in the answer: the engine's own count
+                    assert finish["output_tokens"] == 24
+                else:  # one per chunk: a lower bound of what the engine made
+                    assert 0 < finish["output_tokens"] <= 24
+        page = httpx.get(engine.url + "/metrics").text
+        success = {}
+        for line in page.splitlines():
+            if line.startswith("vllm:request_success_total{"):
+                rank = re.search(r'engine="(\d+)"', line).group(1)
+                success[rank] = success.get(rank, 0.0) + float(line.split()[-1])
+        assert success.get("1") == len(cases) and success.get("0", 0.0) == 0, success
+    finally:
+        if tap is not None:
+            loop.run(tap.stop())
+        if recorder_server is not None:
+            recorder_server.should_exit = True
+        engine.stop()

@@ -1,5 +1,5 @@
 """`shadow bench`: the benchmarks that print numbers (router, ingest, load, ui, replay,
-sweep); each command runs one `shadow.bench` module and draws its table."""
+sweep, tap); each command runs one `shadow.bench` module and draws its table."""
 
 from __future__ import annotations
 
@@ -337,3 +337,52 @@ def bench_sweep(
         console.print(f"wrote {json_out}")
     if not report["identical"]:
         raise typer.Exit(1)
+
+
+@bench_app.command("tap")
+def bench_tap(
+    requests: Annotated[int, typer.Option(min=1, help="Streams per path.")] = 48,
+    concurrency: Annotated[int, typer.Option(min=1, help="Streams at once.")] = 8,
+    max_tokens: Annotated[int, typer.Option(min=2, help="Tokens per stream.")] = 128,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Latency the tap adds per chunk (P50/P99) and its CPU per 1,000 chunks, on real vLLM
+    streams (the tiny model; set SHADOW_VLLM_PYTHON to a Python with vLLM). Starts one
+    vLLM server: run it under `flock /tmp/vllm.lock` on a shared machine."""
+    from shadow.bench import tap as bench
+
+    try:
+        bench.vllm_python()
+    except bench.VllmUnavailable as error:
+        raise fail(str(error)) from None
+    with console.status("streaming through vLLM, straight and through the tap"):
+        result = bench.run(requests, concurrency, max_tokens)
+    table = Table(title=f"Tap on real vLLM streams: {result.chunks:,} chunks through the tap, "
+                  f"{result.chunks_per_s:,.0f} chunks/s")  # fmt: skip
+    for column in ("measure", "P50", "P99", "target"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    added_ok = {True: "[green]ok", False: "[red]MISSED", None: "[yellow]INCONCLUSIVE"}[
+        result.p99_met
+    ]
+    cpu_ok = "[green]ok" if result.cpu_met else "[red]MISSED"
+    table.add_row("hop straight, ms", f"{result.direct_p50_ms:.3f}", f"{result.direct_p99_ms:.3f}",
+                  "")  # fmt: skip
+    table.add_row("hop through the tap, ms", f"{result.tap_p50_ms:.3f}",
+                  f"{result.tap_p99_ms:.3f}", "")  # fmt: skip
+    table.add_row("added by the tap, ms", f"{result.added_p50_ms:.3f}",
+                  f"{result.added_p99_ms:.3f}",
+                  f"P99 <= {bench.TARGET_P99_ADDED_MS:g} {added_ok}")  # fmt: skip
+    console.print(table)
+    if result.p99_met is None:
+        console.print(
+            f"the straight hop's own P99 is {result.direct_p99_ms:.1f} ms (> "
+            f"{bench.NOISE_P99_MS:g} ms): this machine is too loaded to judge a 1 ms target"
+        )
+    console.print(
+        f"tap CPU: {result.tap_cpu_s_per_1000 * 1000:.1f} ms per 1,000 chunks = "
+        f"{result.tap_cpu_s_per_1000 * 100:.1f}% of a core at 1,000 chunks/s "
+        f"(target <= {bench.TARGET_CPU_S_PER_1000 * 100:g}%: {cpu_ok}[/])"
+    )
+    if json_out is not None:
+        json_out.write_text(json.dumps(bench.as_json(result), indent=2) + "\n")
+        console.print(f"wrote {json_out}")

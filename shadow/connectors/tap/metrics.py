@@ -21,11 +21,26 @@ LATENCY_BUCKETS = (
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-class _SinkCounters(Collector):
-    def __init__(self, read: Callable[[], tuple[int, int]]) -> None:
+class _PlainCounters(Collector):
+    """Counters kept as plain integers on the hot path (a prometheus Counter takes a lock
+    per increment, several per chunk) and the sink's own counts, read at scrape time."""
+
+    def __init__(self, metrics: TapMetrics, read: Callable[[], tuple[int, int]]) -> None:
+        self._metrics = metrics
         self._read = read
 
     def collect(self) -> Iterator[CounterMetricFamily]:
+        chunks = CounterMetricFamily(
+            "shadow_tap_chunks", "Response chunks passed through, by worker.", labels=["worker"]
+        )
+        sizes = CounterMetricFamily(
+            "shadow_tap_bytes", "Response bytes passed through, by worker.", labels=["worker"]
+        )
+        for worker, (count, size) in sorted(self._metrics.passed.items()):
+            chunks.add_metric([worker], count)
+            sizes.add_metric([worker], size)
+        yield chunks
+        yield sizes
         sent, dropped = self._read()
         yield CounterMetricFamily(
             "shadow_tap_events_sent", "Events the tap delivered to the shadow service.", sent
@@ -45,13 +60,8 @@ class TapMetrics:
             "shadow_tap_requests", "Requests proxied, by worker and endpoint.",
             ["worker", "endpoint"], registry=r,
         )  # fmt: skip
-        self.chunks = Counter(
-            "shadow_tap_chunks", "Response chunks passed through, by worker.", ["worker"],
-            registry=r,
-        )  # fmt: skip
-        self.bytes = Counter(
-            "shadow_tap_bytes", "Response bytes passed through, by worker.", ["worker"], registry=r
-        )
+        #: worker -> [chunks, bytes] passed through
+        self.passed: dict[str, list[int]] = {}
         self.estimates = Counter(
             "shadow_tap_estimates",
             "Finishes whose token count is the tap's estimate from chunks (no usage seen).",
@@ -66,7 +76,7 @@ class TapMetrics:
             "Per chunk: from its arrival from the engine to its hand-off to the client.",
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        r.register(_SinkCounters(sink_counts))
+        r.register(_PlainCounters(self, sink_counts))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

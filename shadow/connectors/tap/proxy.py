@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from shadow.connectors.openai_stream import StreamAccountant, Update
 from shadow.connectors.sink import HttpEventSink
 from shadow.connectors.tap.config import EngineConfig, TapConfig
 from shadow.connectors.tap.metrics import CONTENT_TYPE, TapMetrics
@@ -47,11 +48,6 @@ from shadow.events import (
     WorkerEvent,
     event_to_json,
 )
-
-try:  # the real accountant; the stand-in only until it lands
-    from shadow.connectors.openai_stream import StreamAccountant
-except ImportError:  # pragma: no cover - replaced on merge
-    from shadow.connectors.tap._accountant_standin import StreamAccountant  # type: ignore
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -139,13 +135,16 @@ def _n_of(body: dict) -> int:
 class _Request:
     """One generation request's ids and what has been reported of it."""
 
-    __slots__ = ("finished", "ids", "last_report", "reported", "tokens")
+    __slots__ = ("accountant", "estimated", "finished", "ids", "last_report", "reported", "tokens")
 
-    def __init__(self, ids: list[str]) -> None:
+    def __init__(self, ids: list[str], accountant: StreamAccountant) -> None:
         self.ids = ids
+        self.accountant = accountant
         self.reported = [0] * len(ids)
         self.tokens = [0] * len(ids)
         self.finished = [False] * len(ids)
+        #: finished with an estimate: a later exact count is sent as a correction
+        self.estimated = [False] * len(ids)
         self.last_report = 0.0
 
 
@@ -240,17 +239,16 @@ class TapProxy:
                 parsed = candidate if isinstance(candidate, dict) else None
         self.metrics.requests.labels(engine.worker, endpoint or "other").inc()
         state: _Request | None = None
-        accountant = None
         if parsed is not None:
             header_id = _header(headers, b"x-request-id")
             if header_id is None:
                 header_id = uuid.uuid4().hex
                 headers.append((b"x-request-id", header_id.encode()))
             n = _n_of(parsed)
-            state = _Request(self._ids(endpoint or "", header_id, n))
             accountant = StreamAccountant(
                 endpoint=endpoint or "completions", n=n, stream=bool(parsed.get("stream", False))
             )
+            state = _Request(self._ids(endpoint or "", header_id, n), accountant)
             self._announce(engine, state, parsed, headers)
         if engine.dp_rank is not None:
             headers = [(k, v) for k, v in headers if k != b"x-data-parallel-rank"]
@@ -264,12 +262,12 @@ class TapProxy:
             upstream = await self._client.send(request, stream=True)
         except httpx.HTTPError as error:
             self.metrics.upstream_errors.labels(engine.worker).inc()
-            if state is not None and accountant is not None:
-                self._close(state, accountant, upstream_error=str(error) or type(error).__name__)
+            if state is not None:
+                self._close(state, upstream_error=str(error) or type(error).__name__)
             reason = f"engine {engine.worker} unreachable: {type(error).__name__}"
             await _respond(send, 502, json.dumps({"error": reason}).encode())
             return
-        await self._relay(engine, upstream, state, accountant, receive, send)
+        await self._relay(engine, upstream, state, receive, send)
 
     def _ids(self, endpoint: str, header_id: str, n: int) -> list[str]:
         if self.config.request_ids == "header":
@@ -287,7 +285,6 @@ class TapProxy:
         engine: EngineConfig,
         upstream: httpx.Response,
         state: _Request | None,
-        accountant: Any,
         receive: Receive,
         send: Send,
     ) -> None:
@@ -300,7 +297,7 @@ class TapProxy:
         ]
         await send({"type": "http.response.start", "status": upstream.status_code,
                     "headers": headers})  # fmt: skip
-        pump = asyncio.ensure_future(self._pump(engine, upstream, state, accountant, send))
+        pump = asyncio.ensure_future(self._pump(engine, upstream, state, send))
         watch = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -314,19 +311,17 @@ class TapProxy:
             with contextlib.suppress(Exception):
                 await upstream.aclose()
             if gone and state is not None:
-                self._close(state, accountant, client_gone=True)
+                self._close(state, client_gone=True)
 
     async def _pump(
         self,
         engine: EngineConfig,
         upstream: httpx.Response,
         state: _Request | None,
-        accountant: Any,
         send: Send,
     ) -> None:
         worker = engine.worker
-        chunks = self.metrics.chunks.labels(worker)
-        sizes = self.metrics.bytes.labels(worker)
+        passed = self.metrics.passed.setdefault(worker, [0, 0])
         latency = self.metrics.added_latency.observe
         clock = time.perf_counter
         error: str | None = None
@@ -335,10 +330,10 @@ class TapProxy:
                 arrived = clock()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 latency(clock() - arrived)
-                chunks.inc()
-                sizes.inc(len(chunk))
+                passed[0] += 1
+                passed[1] += len(chunk)
                 if state is not None:
-                    self._apply(state, accountant.feed(chunk))
+                    self._apply(state, state.accountant.feed(chunk))
         except httpx.HTTPError as failure:
             error = str(failure) or type(failure).__name__
             self.metrics.upstream_errors.labels(worker).inc()
@@ -346,7 +341,7 @@ class TapProxy:
         if state is not None:
             if error is None and upstream.status_code >= 400:
                 error = f"status {upstream.status_code}"
-            self._close(state, accountant, upstream_error=error)
+            self._close(state, upstream_error=error)
 
     # ------------------------------------------------------------------ events
 
@@ -377,11 +372,15 @@ class TapProxy:
                 router_view=router_view,
             )))  # fmt: skip
 
-    def _apply(self, state: _Request, updates: list) -> None:
+    def _apply(self, state: _Request, updates: list[Update]) -> None:
         if not updates:
             return
         for u in updates:
-            if not 0 <= u.choice < len(state.ids) or state.finished[u.choice]:
+            if not 0 <= u.choice < len(state.ids):
+                continue
+            if state.finished[u.choice]:
+                if u.finished and not u.estimated and state.estimated[u.choice]:
+                    self._correct(state, u)
                 continue
             state.tokens[u.choice] = max(state.tokens[u.choice], u.tokens)
             if u.finished:
@@ -422,6 +421,7 @@ class TapProxy:
         if tokens > state.reported[i]:
             self._progress_event(state, i, tokens, estimated, ts)
         state.finished[i] = True
+        state.estimated[i] = estimated
         if estimated:
             self.metrics.estimates.inc()
         extra = _optional(FinishEvent, estimated=estimated, raw_reason=raw_reason)
@@ -429,10 +429,19 @@ class TapProxy:
                              reason=reason or "error", **extra)  # fmt: skip
         self.sink.put(event_fields(finish))
 
+    def _correct(self, state: _Request, u: Update) -> None:
+        """The exact count of a choice already finished with an estimate (n > 1: the
+        usage comes after every choice's finish): the finish again, exact, which the
+        service takes as a correction."""
+        state.estimated[u.choice] = False
+        extra = _optional(FinishEvent, estimated=False, raw_reason=u.raw_reason)
+        finish = FinishEvent(ts=time.time(), request_id=state.ids[u.choice], output_tokens=u.tokens,
+                             reason=u.reason or "error", **extra)  # fmt: skip
+        self.sink.put(event_fields(finish))
+
     def _close(
         self,
         state: _Request,
-        accountant: Any,
         *,
         client_gone: bool = False,
         upstream_error: str | None = None,
@@ -440,11 +449,14 @@ class TapProxy:
         """End every choice still open: what the accountant says, except that a refused
         or broken request is an `error` (and a client gone, `cancelled`) whatever the
         body said; a choice it leaves open ends the same way."""
-        if all(state.finished):
-            return
         forced = "cancelled" if client_gone else ("error" if upstream_error else None)
-        for u in accountant.close(client_gone=client_gone, upstream_error=upstream_error):
-            if 0 <= u.choice < len(state.ids) and not state.finished[u.choice]:
+        for u in state.accountant.close(client_gone=client_gone, upstream_error=upstream_error):
+            if not 0 <= u.choice < len(state.ids):
+                continue
+            if state.finished[u.choice]:
+                if u.finished and not u.estimated and state.estimated[u.choice]:
+                    self._correct(state, u)
+            else:
                 tokens = max(state.tokens[u.choice], u.tokens)
                 keep = forced is None or u.reason in ("error", "cancelled")
                 reason = u.reason if keep else forced
