@@ -206,6 +206,74 @@ def engine_value(page: dict[str, float], name: str, engine: str) -> float:
     return found[0]
 
 
+def need_vllm() -> str:
+    python = vllm_python()
+    if python is None:
+        message = "no vLLM importable: set SHADOW_VLLM_PYTHON to vLLM's interpreter"
+        if os.environ.get("SHADOW_REQUIRE_VLLM") == "1":
+            pytest.fail(f"SHADOW_REQUIRE_VLLM=1 and {message}")
+        pytest.skip(message)
+    return python
+
+
+# -- the demo setting (before the module's world: never two worlds at once) ---------------
+
+
+def test_demo_world_is_a_checked_setting(tmp_path):
+    from shadow.service.settings import load_settings
+
+    assert load_settings(None).demo_world == "emulator"
+    config = tmp_path / "s.toml"
+    config.write_text('demo_world = "vllm"\n')
+    assert load_settings(config).demo_world == "vllm"
+    with pytest.raises(ValueError, match="demo_world"):
+        load_settings(None, demo_world="sglang")
+
+
+def test_the_vllm_demo_without_vllm_is_a_clear_error(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from shadow.cli import app
+
+    monkeypatch.setenv("SHADOW_VLLM_PYTHON", "/bin/false")
+    result = CliRunner().invoke(
+        app, ["serve", "--db", str(tmp_path / "d.duckdb"), "--demo", "--demo-world", "vllm"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "no vLLM importable" in result.output and "SHADOW_VLLM_PYTHON" in result.output
+
+
+def test_the_vllm_demo_starts_and_its_fleet_shows_the_workers(tmp_path):
+    need_vllm()
+    config = tmp_path / "demo.toml"
+    config.write_text('demo_world = "vllm"\ndemo_batch = 8\n')
+    service = ServerProcess(tmp_path / "demo.duckdb", config, demo=True)
+    try:
+        service.start(timeout=600)
+        with httpx.Client(base_url=service.url, timeout=30) as api:
+            demo = api.get("/v1/demo").json()
+            assert sorted(demo["workers"]) == ["0", "1"], demo
+
+            def live():
+                api.post("/v1/flush")
+                snap = api.get("/v1/fleets/default/snapshot").json()["workers"]
+                engines = api.get("/v1/fleets/default/telemetry").json()["engines"]
+                workers = {w["worker"]: w for w in snap}
+                fresh = all(not engines.get(w, {"stale": True})["stale"] for w in ("0", "1"))
+                busy = sum(w["steps"] for w in workers.values())
+                return (workers, engines) if set(workers) >= {"0", "1"} and fresh and busy else None
+
+            found = wait_until(live, 120)
+            assert found, "the demo's fleet never showed both real workers stepping"
+            workers, engines = found
+            print(f"\ndemo fleet: {workers}\nengines: {engines}")
+            assert {workers[w]["state"] for w in ("0", "1")} == {"up"}, workers
+            page = api.get("/").text
+            assert "<html" in page.lower()
+    finally:
+        service.stop()
+
+
 @dataclass
 class Run:
     world: RealWorld
@@ -233,12 +301,7 @@ def wait_until(check, timeout: float = 60.0, every: float = 0.5):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    python = vllm_python()
-    if python is None:
-        message = "no vLLM importable: set SHADOW_VLLM_PYTHON to vLLM's interpreter"
-        if os.environ.get("SHADOW_REQUIRE_VLLM") == "1":
-            pytest.fail(f"SHADOW_REQUIRE_VLLM=1 and {message}")
-        pytest.skip(message)
+    python = need_vllm()
     tmp = tmp_path_factory.mktemp("vllm-e2e")
     loop = LoopThread()
     port = free_port()  # first: the plugin and the tap need the service's URL
