@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import logging
+import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -729,3 +732,78 @@ def test_the_service_excuses_deferred_waiting_on_real_scrapes(tmp_path: Path) ->
         assert [(r["kind"], r["worker"]) for r in rows] == [("engine_drift", "plain")]
     finally:
         store.close()
+
+
+# --- the same against a live vLLM server (DP = 2) --------------------------------------------
+
+
+def vllm_python() -> str | None:
+    """`SHADOW_VLLM_PYTHON`, else this interpreter when it can import vLLM."""
+    configured = os.environ.get("SHADOW_VLLM_PYTHON")
+    if configured:
+        return configured
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def load_recorder():
+    spec = importlib.util.spec_from_file_location("vllm_record", PAGES / "record.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_live_vllm_dp_server_maps_every_rank_to_its_worker(tmp_path: Path) -> None:
+    """Start one real vLLM (run it under `flock /tmp/vllm.lock`), pin a known load to
+    each rank, and read it through the poller as configured for two workers."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM: set SHADOW_VLLM_PYTHON to an interpreter that imports vllm")
+    record = load_recorder()
+    model = record.build_model(python, tmp_path / "tiny")
+    pinned = {"0": 3, "1": 1}
+    with record.VllmServer(python, model, dp=2, log=tmp_path / "vllm.log") as server:
+        targets = [Target(worker, server.url, engine=rank) for worker, rank in DP_TARGETS]
+        received: dict[str, list[EngineSample]] = {"w-left": [], "w-right": []}
+
+        async def scenario() -> tuple[MetricsPoller, MetricsPoller]:
+            poller = MetricsPoller(
+                targets,
+                interval_s=0.1,
+                timeout_s=5.0,
+                on_sample=lambda worker, ts, sample: received[worker].append(sample),
+            )
+            partial = MetricsPoller([Target("only-left", server.url, engine="0")], timeout_s=5)
+            async with poller:
+                await wait_until(lambda: all(received.values()), timeout=10)
+                idle = {w: samples[-1] for w, samples in received.items()}
+                record.pinned_load(server.url, pinned, max_tokens=600)
+
+                def loaded() -> bool:
+                    return all(
+                        samples[-1].running + samples[-1].waiting == pinned[rank]
+                        for (worker, rank), samples in zip(
+                            DP_TARGETS, received.values(), strict=True
+                        )
+                    )
+
+                await wait_until(loaded, timeout=60)
+                await partial.poll_once()
+                await wait_until(
+                    lambda: all(s[-1].iterations > idle[w].iterations for w, s in received.items()),
+                    timeout=30,
+                )
+            return poller, partial
+
+        poller, partial = asyncio.run(scenario())
+        text = server.metrics()
+    assert poller.failures == {"w-left": 0, "w-right": 0}
+    assert all(status["page_errors"] == [] for status in poller.status().values())
+    for (worker, rank), samples in zip(DP_TARGETS, received.values(), strict=True):
+        last = samples[-1]
+        assert set(last.waiting_by_reason) >= {"capacity", "deferred"}
+        assert last.iterations <= line_value(text, "vllm:iteration_tokens_total_count", rank)
+        assert worker in poller.status()
+    error = f"engine '1' on {server.url}/metrics is named by no [[engines]] entry"
+    assert partial.status()["only-left"]["page_errors"] == [error]
+    assert partial.latest("only-left") is not None

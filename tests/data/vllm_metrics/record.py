@@ -16,6 +16,7 @@ Recorded with (from the worktree root, holding the machine's one-vLLM-server loc
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -32,6 +33,20 @@ from pathlib import Path
 #: requests pinned to each DP rank under load (different, so the ranks cannot be confused)
 PINNED = {"0": 5, "1": 2}
 MAX_TOKENS = 1200
+
+
+#: the repository root: the vLLM process imports this project's code (its plugin) from it
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def build_model(python: str, directory: Path) -> Path:
+    """The tiny model, built by `python` (the vLLM interpreter has `tokenizers`; the
+    project's own venv need not)."""
+    code = "import sys, pathlib; from shadow.world.tiny_model import build_tiny_model; "
+    code += "build_tiny_model(pathlib.Path(sys.argv[1]))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([python, "-c", code, str(directory)], env=env, check=True, timeout=300)
+    return directory
 
 
 def free_port() -> int:
@@ -61,6 +76,7 @@ class VllmServer:
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "PYTHONPATH": str(ROOT),
         }
         command = [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
@@ -126,7 +142,11 @@ def _complete(url: str, rank: str, max_tokens: int) -> None:
         data=body,
         headers={"Content-Type": "application/json", "X-data-parallel-rank": rank},
     )
-    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=600) as response:
+    # the server stops with these streams still open: the end of one is no error here
+    with (
+        contextlib.suppress(OSError, http.client.HTTPException),
+        urllib.request.urlopen(request, timeout=600) as response,
+    ):
         while response.read(65536):
             pass
 
@@ -166,11 +186,9 @@ def wait_for(server: VllmServer, check: Callable[[str], bool], timeout_s: float)
 
 
 def record(out: Path, python: str = sys.executable) -> None:
-    from shadow.world.tiny_model import build_tiny_model
-
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_tiny_model(Path(tmp) / "tiny")
+        model = build_model(python, Path(tmp) / "tiny")
         with VllmServer(python, model, dp=2, log=Path(tmp) / "vllm.log") as server:
             (out / "dp2_idle.prom").write_text(server.metrics())
             threads = pinned_load(server.url)
