@@ -91,14 +91,24 @@ class Recorder:
         out = [(k.encode(), v.encode()) for k, v in answer.headers.items() if k not in HOP]
         await send({"type": "http.response.start", "status": answer.status_code, "headers": out})
         kept = bytearray()
-        try:
+
+        async def pump() -> None:
             async for chunk in answer.aiter_raw():
-                kept += chunk
+                kept.extend(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
-        except (httpx.HTTPError, OSError):
-            pass
+
+        async def gone() -> None:  # the tap left: leave the engine too, as the tap would
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        tasks = [asyncio.create_task(pump()), asyncio.create_task(gone())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await answer.aclose()
             if rid:
                 self.bodies[rid] = bytes(kept)
@@ -387,15 +397,22 @@ def finishes(api: httpx.Client, request_id: str) -> list[dict]:
     return [e for e in answer.json()["events"] if e["type"] == "finish"]
 
 
-def settled(run: Run, api: httpx.Client) -> None:
-    """Until every request the clients ended has its stored finish (the plugin's exact
-    counts included)."""
+def settled(run: Run, api: httpx.Client) -> dict[str, str]:
+    """Waits until every request the clients ended has its stored finish (the plugin's
+    exact counts included); returns those still without one (id -> what the client saw)."""
 
-    def done():
+    def missing() -> dict[str, str]:
         api.post("/v1/flush")
-        return all(finishes(api, rid) for job in run.jobs for rid in job.ids if job.complete)
+        return {
+            rid: f"status {job.status}, n {job.n}, chat {job.chat}, stream {job.stream}"
+            for job in run.jobs
+            if job.complete
+            for rid in job.ids
+            if not finishes(api, rid)
+        }
 
-    assert wait_until(done, 60), "some finished requests have no stored finish"
+    wait_until(lambda: not missing(), 60)
+    return missing()
 
 
 def ran_to_length(run: Run) -> list[Job]:
@@ -404,8 +421,9 @@ def ran_to_length(run: Run) -> list[Job]:
 
 def test_every_finished_request_stores_what_the_engine_generated(run):
     with run.client() as api:
-        settled(run, api)
+        missing = settled(run, api)
         ok = ran_to_length(run)
+        assert not {r for j in ok for r in j.ids} & set(missing), f"no stored finish: {missing}"
         assert len(ok) >= 36, f"only {len(ok)} requests ran to length"
         wrong = {}
         for job in ok:
@@ -517,21 +535,25 @@ def test_the_step_model_is_fitted_from_real_steps(run):
 
 def test_the_faults_give_exactly_the_expected_violations(run):
     with run.client() as api:
-        settled(run, api)
-        api.post("/v1/flush")
+        missing = settled(run, api)
         snapshot = {
             w["worker"]: w for w in api.get("/v1/fleets/default/snapshot").json()["workers"]
         }
         violations = api.get("/v1/fleets/default/violations", params={"limit": 500}).json()["items"]
         rejected = finishes(api, run.rejected.ids[0])
+        broken = [j for j in run.jobs if not j.complete]
+        reasons = {j.rid: [r["reason"] for r in finishes(api, j.ids[0])] for j in broken}
     print(
         f"\nviolations: {[(v['kind'], v.get('worker'), v.get('request_id')) for v in violations]}"
     )
+    assert not missing, f"requests without a stored finish: {missing}"
     # the refused request: an error finish of no tokens, no slot kept
     assert run.rejected.status == 400, run.rejected.status
     assert [r["reason"] for r in rejected] == ["error"] and rejected[0]["output_tokens"] == 0
-    # the killed engine: down, its requests released in error
+    # the killed engine: down, the streams it held ended in error, their slots released
     assert run.killed_workers == ["2"]
+    assert broken and all(j.rid.startswith("long") for j in broken), [j.rid for j in broken]
+    assert all(r == ["error"] for r in reasons.values()), reasons
     assert snapshot["2"]["state"] == "down" and snapshot["2"]["active"] == 0, snapshot["2"]
     # none of the faults is a violation of the mirror's invariants
     assert violations == [], violations
