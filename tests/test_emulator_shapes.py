@@ -518,3 +518,16 @@ def test_shape_options_are_validated() -> None:
         EmulatedFleet(1, 1, split_utf8_every=1)
     with pytest.raises(ValueError, match="stream_lag_s"):
         EmulatedFleet(1, 1, stream_lag_s=-1)
+
+
+@pytest.mark.parametrize("chat_endpoint", [False, True])
+def test_the_fast_chunk_template_writes_what_the_dict_would(chat_endpoint: bool) -> None:
+    """The common chunk is cut from byte templates; they must equal the full build."""
+    from shadow.world import vllm_wire
+
+    shape = vllm_wire.StreamShape("cmpl-x", 1, "m", chat_endpoint, 3, False, False, "fp")
+    for index in (0, 2):
+        for text in (" tok5", "", ' "q"\\ \u00e9\n\u0000'):
+            fast = shape.chunk(index, text, 4, None, None)
+            assert fast == shape._build(index, text, 4, None, None, None)
+            assert json.loads(fast[len(b"data: ") :])["choices"][0]["index"] == index

@@ -62,7 +62,7 @@ INVALID_LINES: list[tuple[str, str | None]] = [
     ('{"type":"ready","ts":1,"request_id":3.5,"prompt_tokens":5}', "request_id"),
     ('{"type":"dispatch","ts":1,"request_id":"x"}', "worker"),
     ('{"type":"progress","ts":1,"request_id":"x","generated":true}', "generated"),
-    ('{"type":"finish","ts":1,"request_id":"x","output_tokens":3,"reason":"boom"}', "reason"),
+    ('{"type":"finish","ts":1,"request_id":"x","output_tokens":3,"reason":"Boom!"}', "reason"),
     ('{"type":"worker","ts":1,"worker":"w9","capacity":0}', "capacity"),
     ('{"type":"engine_step","ts":1,"worker":"w0","step":1,"running":1}', "duration_ms"),
     ('{"type":"ready","ts":-1,"request_id":"x","prompt_tokens":5}', "ts"),
@@ -460,7 +460,9 @@ class IngestMachine(RuleBasedStateMachine):
         if request.worker is None:
             reason = "cancelled"
         else:
-            reason = data.draw(st.sampled_from(["stop", "length", "abort", "cancelled"]))
+            reason = data.draw(
+                st.sampled_from(["stop", "length", "abort", "cancelled", "tool_calls", "odd_new"])
+            )
         self._finish(request, reason, dt)
 
     # -- semantically wrong events ----------------------------------------------------

@@ -153,7 +153,8 @@ def _calibration(
     rows = store.query(
         f"SELECT f.output_tokens AS o, r.prompt_hash AS h FROM events f LEFT JOIN events r "
         f"ON r.fleet = f.fleet AND r.request_id = f.request_id AND r.type = 'ready' "
-        f"WHERE f.fleet = :fleet AND f.type = 'finish' AND f.reason IN ('stop', 'length') "
+        f"WHERE f.fleet = :fleet AND f.type = 'finish' AND f.joined_to IS NULL "
+        f"AND f.reason IN ('stop', 'length') "
         f"AND f.output_tokens >= 1{clause}",
         {"fleet": fleet, **params},
     )

@@ -136,6 +136,24 @@ class ServiceCollector(Collector):
             "Engine steps where the mirror's load or active count differed from the engine's.",
             labels=["fleet"],
         )
+        estimates = CounterMetricFamily(
+            "shadow_token_estimates", "Requests finished with the tap's estimated count (a "
+            "lower bound from chunks: no usage, no engine count yet).", labels=["fleet"],
+        )  # fmt: skip
+        corrections = CounterMetricFamily(
+            "shadow_token_corrections", "Estimated counts an exact count (the engine's, via "
+            "the stat-logger plugin) later replaced.", labels=["fleet"],
+        )  # fmt: skip
+        unjoined = CounterMetricFamily(
+            "shadow_engine_finishes_unjoined", "Engine finishes (from_engine) for requests "
+            "the shadow never saw (served without passing the tap): no violation.",
+            labels=["fleet"],
+        )  # fmt: skip
+        reasons = CounterMetricFamily(
+            "shadow_finish_reasons", "Finishes applied, by reason (`other`: a reason the "
+            "shadow does not know, kept as sent; `recomputed`: back to the pool).",
+            labels=["fleet", "reason"],
+        )  # fmt: skip
         with pipeline.lock:
             for name, state in sorted(pipeline.fleets.items()):
                 loads = [w.load for w in state.mirror.order]
@@ -147,7 +165,14 @@ class ServiceCollector(Collector):
                     imbalance.add_metric([name], max(loads) - min(loads))
                     gap.add_metric([name], len(loads) * max(loads) - sum(loads))
                 mismatch.add_metric([name], state.state_mismatches)
+                join = state.core.join
+                estimates.add_metric([name], join.estimates)
+                corrections.add_metric([name], join.corrections)
+                unjoined.add_metric([name], join.unjoined)
+                for reason, count in sorted(join.reasons.items()):
+                    reasons.add_metric([name, reason], count)
         yield from (kv, active, pool, imbalance, gap, mismatch)
+        yield from (estimates, corrections, unjoined, reasons)
         yield from self._windows(runtime)
         yield self._predictor(runtime)
         yield from self._audit(runtime)

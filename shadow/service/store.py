@@ -35,12 +35,27 @@ from shadow.stream.windows import WINDOW_METRICS, WindowResult
 LIFECYCLE_COLUMNS = (
     "ingest_id", "fleet", "source", "seq", "type", "ts", "request_id", "worker",
     "prompt_tokens", "prompt_hash", "max_tokens", "policy", "router_view", "output_tokens",
-    "reason", "capacity", "state",
+    "reason", "capacity", "state", "raw_reason", "estimated", "from_engine",
 )  # fmt: skip
 STEP_COLUMNS = (
     "ingest_id", "fleet", "source", "seq", "worker", "step", "ts", "duration_ms", "running",
-    "kv_tokens", "waiting",
+    "kv_tokens", "waiting", "tokens",
 )  # fmt: skip
+#: A finish that met an earlier finish of its request (`shadow.stream.join`): the earlier
+#: one's count may be corrected (`output_tokens`, NULL: kept) and the later one points at
+#: it (`joined_to`, NULL: kept; `UNJOIN`: cleared, for the one that finished the request:
+#: a restart that applies stored events in another order than the live path did (a
+#: straggler) rewrites both), so readers count one finish per request.
+UNJOIN = -1
+_FINISH_UPDATES = pa.schema(
+    [("ingest_id", pa.int64()), ("output_tokens", pa.int64()), ("joined_to", pa.int64())]
+)
+_UPDATE_FINISHES = (
+    "UPDATE events SET output_tokens = coalesce(r.output_tokens, events.output_tokens), "
+    "joined_to = CASE WHEN r.joined_to = -1 THEN NULL "
+    "ELSE coalesce(r.joined_to, events.joined_to) END FROM rows_finish_updates r "
+    "WHERE events.ingest_id = r.ingest_id"
+)
 PROGRESS_COLUMNS = ("fleet", "request_id", "generated", "ts", "ingest_id")
 STATE_COLUMNS = ("name", "value")
 SAMPLE_COLUMNS = ("fleet", "worker", "ts", "running", "waiting", "kv_usage",
@@ -118,9 +133,39 @@ class EventBatch:
     #: (fleet, source) -> the highest seq received from it, progress included (the seqs
     #: of progress events are not stored otherwise; see `seq_highs`)
     seq_high: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: stored finish rows the join changed: ingest id -> (output_tokens, joined_to), each
+    #: None for "kept" (`_FINISH_UPDATES`)
+    finish_updates: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.lifecycle) + len(self.steps) + len(self.progress) + len(self.samples)
+        return (
+            len(self.lifecycle) + len(self.steps) + len(self.progress) + len(self.samples)
+            + len(self.finish_updates)
+        )  # fmt: skip
+
+    def update_finish(
+        self, ingest_id: int, output_tokens: int | None = None, joined_to: int | None = None
+    ) -> None:
+        """Record a change to a stored finish row (later changes of a field win)."""
+        old_tokens, old_joined = self.finish_updates.get(ingest_id, (None, None))
+        self.finish_updates[ingest_id] = (
+            output_tokens if output_tokens is not None else old_tokens,
+            joined_to if joined_to is not None else old_joined,
+        )
+
+
+def _finish_updates(updates: dict[int, tuple[int | None, int | None]]) -> pa.Table | None:
+    if not updates:
+        return None
+    ids = list(updates)
+    return pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.int64()),
+            pa.array([updates[i][0] for i in ids], pa.int64()),
+            pa.array([updates[i][1] for i in ids], pa.int64()),
+        ],
+        schema=_FINISH_UPDATES,
+    )
 
 
 def _arrow_schema(conn: Connection, table: str, columns: Sequence[str]) -> pa.Schema:
@@ -174,7 +219,10 @@ def _staged_insert(
 
 
 def _execute_staged(
-    conn: Connection, staged: Sequence[StagedInsert | None], statements: Sequence[str] = ()
+    conn: Connection,
+    staged: Sequence[StagedInsert | None],
+    statements: Sequence[str] = (),
+    **tables: pa.Table,
 ) -> None:
     """Run the staged inserts, then `statements`, in one DuckDB call.
 
@@ -188,7 +236,7 @@ def _execute_staged(
     sql = ";\n".join([*(insert.sql for insert in present), *statements])
     if sql:
         rows = {insert.name: insert.rows for insert in present}
-        _run_scanning(duck_connection(conn), sql, **rows)
+        _run_scanning(duck_connection(conn), sql, **rows, **tables)
 
 
 def _run_scanning(
@@ -204,6 +252,7 @@ def _run_scanning(
     rows_ingest_state: pa.Table | None = None,
     rows_window_metrics: pa.Table | None = None,
     rows_window_trajectories: pa.Table | None = None,
+    rows_finish_updates: pa.Table | None = None,
 ) -> None:
     """Execute `sql` with the staged rows as this frame's locals, where the statement's
     `rows_<table>` names resolve (see `_execute_staged`). A table missing here fails
@@ -307,7 +356,14 @@ class ServiceStore:
                     ),
                 ]
                 updates, new_counters = self._staged_counters(conn, counters)
-                _execute_staged(conn, [*staged, new_counters], updates)
+                finishes = _finish_updates(batch.finish_updates)
+                if finishes is not None:  # after the inserts: the rows may be in this batch
+                    updates.append(_UPDATE_FINISHES)
+                    _execute_staged(
+                        conn, [*staged, new_counters], updates, rows_finish_updates=finishes
+                    )
+                else:
+                    _execute_staged(conn, [*staged, new_counters], updates)
         except BaseException:
             self._state_names = None  # new counter names may not be in the table
             raise

@@ -175,6 +175,11 @@ class EventRow(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     capacity: Mapped[int | None] = mapped_column(Integer)
     state: Mapped[str | None] = mapped_column(Text)
+    raw_reason: Mapped[str | None] = mapped_column(Text)
+    estimated: Mapped[bool | None] = mapped_column(Boolean)
+    from_engine: Mapped[bool | None] = mapped_column(Boolean)
+    #: a finish that met an earlier finish of its request: that one's ingest id (0009)
+    joined_to: Mapped[int | None] = mapped_column(BigInteger)
 
     __mapper_args__ = {"primary_key": [ingest_id]}  # noqa: RUF012
 
@@ -221,6 +226,7 @@ class EngineStepRow(Base):
     running: Mapped[int] = mapped_column(Integer, nullable=False)
     kv_tokens: Mapped[int | None] = mapped_column(BigInteger)
     waiting: Mapped[int | None] = mapped_column(Integer)
+    tokens: Mapped[int | None] = mapped_column(BigInteger)
 
     __mapper_args__ = {"primary_key": [ingest_id]}  # noqa: RUF012
 

@@ -23,6 +23,17 @@ from shadow.stream.items import (
     StreamItem,
     WorkerItem,
 )
+from shadow.stream.join import (
+    FINISHED,
+    IGNORED,
+    RECOMPUTE,
+    RECOMPUTED,
+    UNJOINED,
+    UNKNOWN,
+    FinishJoin,
+    FinishOutcome,
+    reason_label,
+)
 from shadow.stream.mirror import Completed, FleetMirror, RequestState, StepView
 
 
@@ -35,6 +46,7 @@ class FleetCore:
         self.fleet = fleet
         self.mirror = FleetMirror(fleet)
         self.checker = InvariantChecker(fleet, invariants)
+        self.join = FinishJoin()
         self.sweep_every_s = sweep_every_s
         self._next_sweep = 0.0
         #: item kind -> how it is applied: the one dispatch of the follower's path
@@ -43,7 +55,9 @@ class FleetCore:
             ReadyItem: lambda i: self.ready(i.ts, i.request_id, i.prompt_tokens, i.prompt_hash),
             DispatchItem: lambda i: self.dispatch(i.ts, i.request_id, i.worker),
             ProgressItem: lambda i: self.progress(i.ts, i.request_id, i.generated),
-            FinishItem: lambda i: self.finish(i.ts, i.request_id, i.output_tokens, i.reason),
+            FinishItem: lambda i: self.finish_event(
+                i.ts, i.request_id, i.output_tokens, i.reason, i.estimated, i.from_engine
+            ),
             EngineStepItem: lambda i: self.engine_step(
                 i.ts, i.worker, i.step, i.running, i.duration_ms
             ),
@@ -58,10 +72,13 @@ class FleetCore:
         self, ts: float, request_id: str, prompt_tokens: int, prompt_hash: str | None
     ) -> tuple[list[Violation], RequestState | None]:
         request = self.mirror.apply_ready(ts, request_id, prompt_tokens, prompt_hash)
+        if request is not None:
+            self.join.note_request(request_id)
         return self._sweep(ts), request
 
     def dispatch(self, ts: float, request_id: str, worker: str) -> list[Violation]:
         found = self.checker.before_dispatch(self.mirror, ts, request_id, worker)
+        self.join.note_request(request_id)
         self.mirror.apply_dispatch(ts, request_id, worker)
         return found + self._sweep(ts)
 
@@ -73,9 +90,55 @@ class FleetCore:
     def finish(
         self, ts: float, request_id: str, output_tokens: int, reason: str
     ) -> tuple[list[Violation], Completed | None]:
-        found = self.checker.before_finish(self.mirror, ts, request_id)
-        done = self.mirror.apply_finish(ts, request_id, output_tokens, reason)
-        return found + self._sweep(ts), done
+        """A finish with nothing said of its count (`finish_event`)."""
+        found, outcome = self.finish_event(ts, request_id, output_tokens, reason)
+        return found, outcome.completed if outcome.kind == FINISHED else None
+
+    def finish_event(
+        self,
+        ts: float,
+        request_id: str,
+        output_tokens: int,
+        reason: str,
+        estimated: bool | None = None,
+        from_engine: bool | None = None,
+        ref: int = -1,
+    ) -> tuple[list[Violation], FinishOutcome]:
+        """Apply one finish through the join (`shadow.stream.join`): the first finish of
+        a request finishes it, a later exact count corrects an estimate, `recomputed`
+        returns it to the pool. `ref` is the caller's id of this event (the ingest id),
+        given back as `primary_ref` to the later finishes of the same request."""
+        mirror = self.mirror
+        engine = bool(from_engine)
+        target = self.join.target(mirror, request_id, engine)
+        if target is None:  # an engine finish for a request the shadow never saw
+            mirror._tick(ts)
+            self.join.unjoined += 1
+            return self._sweep(ts), FinishOutcome(UNJOINED, request_id)
+        request = mirror.requests.get(target)
+        if reason == RECOMPUTED:
+            back = mirror.apply_recompute(ts, target)
+            if back is not None:
+                self.join.reasons[RECOMPUTED] += 1
+            kind = RECOMPUTE if back is not None else IGNORED
+            return self._sweep(ts), FinishOutcome(kind, target)
+        if request is not None and request.finished:
+            mirror._tick(ts)
+            later = self.join.later_finish(mirror, request, output_tokens, estimated is not True)
+            return self._sweep(ts), later
+        found = [] if engine else self.checker.before_finish(mirror, ts, target)
+        done = mirror.apply_finish(
+            ts, target, output_tokens, reason, estimated=estimated is True, ref=ref
+        )
+        if done is None:
+            if engine:  # a stale engine finish of a forgotten request
+                self.join.unjoined += 1
+                return found + self._sweep(ts), FinishOutcome(UNJOINED, target)
+            return found + self._sweep(ts), FinishOutcome(UNKNOWN, target)
+        self.join.reasons[reason_label(reason)] += 1
+        if estimated is True:
+            self.join.estimates += 1
+        return found + self._sweep(ts), FinishOutcome(FINISHED, target, done)
 
     def engine_step(
         self, ts: float, worker: str, step: int, running: int, duration_ms: float
@@ -92,7 +155,10 @@ class FleetCore:
         owner sends a `ForgetItem` down the stream too, so that a
         follower's replica forgets at the same point."""
         self.checker.forget(before_ts)
-        return self.mirror.forget_finished(before_ts)
+        forgotten = self.mirror.forget_finished(before_ts)
+        if forgotten and self.join.children:
+            self.join.forget(self.mirror)
+        return forgotten
 
     def _sweep(self, ts: float) -> list[Violation]:
         if ts < self._next_sweep:

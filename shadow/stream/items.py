@@ -59,6 +59,9 @@ class FinishItem(StreamItem, tag="finish"):
     request_id: str
     output_tokens: int
     reason: str
+    #: the event's `estimated` and `from_engine` (the join of `shadow.stream.join`)
+    estimated: bool | None = None
+    from_engine: bool | None = None
 
 
 class EngineStepItem(StreamItem, tag="engine_step"):

@@ -48,6 +48,9 @@ class StepView:
 class RequestState:
     __slots__ = (
         "dispatch_ts",
+        "estimated",
+        "finish_ref",
+        "finish_ts",
         "finished",
         "last_seen_ts",
         "offset",
@@ -56,6 +59,7 @@ class RequestState:
         "prompt_key",
         "prompt_tokens",
         "ready_ts",
+        "reason",
         "request_id",
         "slot",
         "worker",
@@ -73,6 +77,12 @@ class RequestState:
         self.last_seen_ts = ready_ts
         self.finished = False
         self.output_tokens: int | None = None
+        #: the finish's count was the tap's estimate (an exact one may still correct it)
+        self.estimated = False
+        self.finish_ts: float | None = None
+        self.reason: str | None = None
+        #: the caller's reference to the finish that finished it (the service's ingest id)
+        self.finish_ref = -1
         self.slot = -1
 
     def generated(self) -> int:
@@ -294,9 +304,19 @@ class FleetMirror:
                 self._slot_offset[request.slot] = request.offset
 
     def apply_finish(
-        self, ts: float, request_id: str, output_tokens: int, reason: str
+        self,
+        ts: float,
+        request_id: str,
+        output_tokens: int,
+        reason: str,
+        *,
+        estimated: bool = False,
+        ref: int = -1,
     ) -> Completed | None:
-        """Release the slot and learn; None when the request was not running here."""
+        """Release the slot and learn; None when the request was not running here.
+
+        An `estimated` count (the tap's, a lower bound) is not learned: the predictor
+        learns the exact count when it comes (`correct`)."""
         self._tick(ts)
         request = self.requests.get(request_id)
         if request is None or request.finished:
@@ -307,17 +327,54 @@ class FleetMirror:
             self._release(worker, request)
         request.finished = True
         request.output_tokens = output_tokens
+        request.estimated = estimated
+        request.finish_ts = ts
+        request.reason = reason
+        request.finish_ref = ref
         heapq.heappush(self._finished, (ts, next(self._finished_count), request))
+        if not estimated:
+            self._learn(output_tokens, reason)
+        return self._completed(request, worker.worker_id if worker is not None else None)
+
+    def _learn(self, output_tokens: int, reason: str) -> None:
         if reason in NATURAL_FINISH and 1 <= output_tokens <= MAX_LEARNED_OUTPUT_TOKENS:
             self.predictor.observe(output_tokens)
+
+    def _completed(self, request: RequestState, worker: str | None) -> Completed:
         return Completed(
-            request_id,
-            worker.worker_id if worker is not None else None,
+            request.request_id,
+            worker,
             request.prompt_tokens,
-            output_tokens,
-            reason,
-            ts,
+            request.output_tokens or 0,
+            request.reason or "",
+            request.finish_ts if request.finish_ts is not None else self.now,
         )
+
+    def correct(self, request: RequestState, output_tokens: int) -> Completed:
+        """An exact count for a request finished with an estimate: the completed record
+        takes it, and the predictor learns it (it skipped the estimate)."""
+        request.output_tokens = output_tokens
+        request.estimated = False
+        self._learn(output_tokens, request.reason or "")
+        return self._completed(request, None)
+
+    def apply_recompute(self, ts: float, request_id: str) -> RequestState | None:
+        """The engine gave the request back (vllm-ascend's recompute scheduler): its slot
+        is released and it returns to the pool, its progress kept, to be dispatched again
+        (a dispatch that is then no double dispatch). None when it was not running."""
+        self._tick(ts)
+        request = self.requests.get(request_id)
+        if request is None or request.finished or request.worker is None:
+            return None
+        worker = request.worker
+        self._release(worker, request)
+        # a request not yet seen in a step waits in `starting`: it must not be counted
+        # twice there if it comes back to the same worker
+        worker.starting = [r for r in worker.starting if r is not request]
+        request.last_seen_ts = ts
+        request.dispatch_ts = None
+        self.pool[request_id] = request
+        return request
 
     def _release(self, worker: WorkerState, request: RequestState) -> None:
         request.progress = max(request.progress, worker.steps - request.offset)

@@ -38,7 +38,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from shadow.replay.workload import StepModel
 from shadow.world import vllm_wire as wire
 from shadow.world.emulator_request import Ask, BadRequest, header, parse, pinned_rank
-from shadow.world.engine_metrics import EngineMetrics, EngineView
+from shadow.world.engine_metrics import EngineMeter, FleetPage
 from shadow.world.engine_model import (
     CANCELLED,
     DONE,
@@ -140,7 +140,6 @@ class EmulatedFleet(SteppingFleet):
             raise ValueError(f"stream_lag_s must be >= 0, got {stream_lag_s}")
         self.stream_lag_s = stream_lag_s
         self.system_fingerprint = wire.fingerprint(workers if dp_front else 1)
-        self.metrics = EngineMetrics(model_name)
         self.worker_urls: list[str] = []
         self.dp_url: str | None = None
         self.sent_digests: dict[str, str] = {}
@@ -182,7 +181,7 @@ class EmulatedFleet(SteppingFleet):
         if self._loop_task is not None:
             raise RuntimeError("emulated fleet already started")
         for worker in self._workers:
-            worker.meter = self.metrics.engine(str(worker.index))
+            worker.meter = EngineMeter(self.model_name, str(worker.index))
         for worker in self._workers:
             await self._serve(_WorkerApp(self, [worker]))
         if self.dp_front:
@@ -246,16 +245,20 @@ class EmulatedFleet(SteppingFleet):
         if len(self.sent_digests) > MAX_DIGESTS:
             del self.sent_digests[next(iter(self.sent_digests))]
 
-    def _metrics_text(self, workers: list[EngineWorker], view: EngineView) -> bytes:
+    def _metrics_text(self, workers: list[EngineWorker]) -> bytes:
+        meters = []
         for worker in workers:
             meter = worker.meter
-            if meter is not None:
-                meter.sample(  # type: ignore[attr-defined]
-                    len(worker.running),
-                    len(worker.waiting),
-                    min(1.0, worker.load() / self.kv_capacity_tokens),
-                )
-        return generate_latest(view)  # type: ignore[arg-type]
+            assert isinstance(meter, EngineMeter)
+            meter.sample(
+                len(worker.running),
+                len(worker.waiting),
+                min(1.0, worker.load() / self.kv_capacity_tokens),
+            )
+            meters.append(meter)
+        if len(meters) == 1:
+            return generate_latest(meters[0].registry)
+        return generate_latest(FleetPage(m.registry for m in meters))  # type: ignore[arg-type]
 
 
 class _WorkerApp:
@@ -267,7 +270,6 @@ class _WorkerApp:
     def __init__(self, fleet: EmulatedFleet, workers: list[EngineWorker]) -> None:
         self.fleet = fleet
         self.workers = workers
-        self.view = EngineView(fleet.metrics.registry, [str(w.index) for w in workers])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -285,7 +287,7 @@ class _WorkerApp:
             finally:
                 self.fleet._handlers.discard(task)
         elif path == "/metrics" and method == "GET":
-            body = self.fleet._metrics_text(self.workers, self.view)
+            body = self.fleet._metrics_text(self.workers)
             await self._respond(send, 200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
         elif path == "/health" and method == "GET":
             await self._respond(send, 200, b"", [])

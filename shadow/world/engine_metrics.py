@@ -1,10 +1,10 @@
 """The emulated engines' Prometheus metrics, named and labelled as vLLM 0.32 names them.
 
-One registry holds every engine of a fleet (label `engine`), as one vLLM server with
-data parallelism does: its `/metrics` page lists `engine="0"`, `engine="1"`, ... The
-emulator's per-worker servers each show only their own engine (`EngineView`), its
-data-parallel front shows them all. The stepping model (`shadow.world.engine_model`)
-feeds each engine's `EngineMeter`.
+Each engine has its own registry (label `engine`): the emulator's per-worker servers
+render only theirs (a scrape costs what one engine costs), its data-parallel front renders
+them all on one page (`FleetPage`), `engine="0"`, `engine="1"`, ... as one vLLM server
+with data parallelism does. The stepping model (`shadow.world.engine_model`) feeds each
+engine's `EngineMeter`.
 """
 
 from __future__ import annotations
@@ -25,78 +25,56 @@ FINISHED_REASONS = ("stop", "length", "abort", "tool_calls", "repetition")
 WAITING_REASONS = ("capacity", "deferred")
 
 
-class EngineMetrics:
-    """The metric families of one fleet, in their own registry."""
+class EngineMeter:
+    """One engine's vLLM-named metrics, in its own registry (a per-engine page renders
+    only its own families); what the stepping model tells it."""
 
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
-        self.registry = CollectorRegistry(auto_describe=False)
+    def __init__(self, model_name: str, engine: str) -> None:
+        self.engine = engine
+        self.registry = r = CollectorRegistry(auto_describe=False)
         names = ["model_name", "engine"]
-        r = self.registry
-        self.running = Gauge(
-            "vllm:num_requests_running", "Number of requests in model execution.", names,
-            registry=r,
-        )  # fmt: skip
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting.", names, registry=r
-        )
-        self.waiting_by_reason = Gauge(
+        labels = (model_name, engine)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=r).labels(*labels)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=r).labels(*labels)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(*labels)
+
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting.")
+        by_reason = Gauge(
             "vllm:num_requests_waiting_by_reason",
             "Number of requests waiting, by reason.",
             [*names, "reason"],
             registry=r,
         )
-        self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.", names, registry=r
+        self.waiting_by_reason = {w: by_reason.labels(*labels, w) for w in WAITING_REASONS}
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
         )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", names, registry=r
-        )
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=r
-        )
-        self.success = Counter(
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
             [*names, "finished_reason"],
             registry=r,
         )
-        self.itl = Histogram(
+        self.success = {f: success.labels(*labels, f) for f in FINISHED_REASONS}
+        self.itl = histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            names,
-            buckets=ITL_BUCKETS,
-            registry=r,
+            ITL_BUCKETS,
         )
-        self.iteration_tokens = Histogram(
+        self.iteration_tokens = histogram(
             "vllm:iteration_tokens_total",
             "Histogram of number of tokens per engine_step.",
-            names,
-            buckets=ITERATION_TOKEN_BUCKETS,
-            registry=r,
+            ITERATION_TOKEN_BUCKETS,
         )
-
-    def engine(self, engine: str) -> EngineMeter:
-        return EngineMeter(self, engine)
-
-
-class EngineMeter:
-    """One engine's children of the fleet's families; what the stepping model tells it."""
-
-    def __init__(self, metrics: EngineMetrics, engine: str) -> None:
-        labels = (metrics.model_name, engine)
-        self.engine = engine
-        self.running = metrics.running.labels(*labels)
-        self.waiting = metrics.waiting.labels(*labels)
-        self.waiting_by_reason = {
-            reason: metrics.waiting_by_reason.labels(*labels, reason) for reason in WAITING_REASONS
-        }
-        self.kv_usage = metrics.kv_usage.labels(*labels)
-        self.generation_tokens = metrics.generation_tokens.labels(*labels)
-        self.prompt_tokens = metrics.prompt_tokens.labels(*labels)
-        self.success = {r: metrics.success.labels(*labels, r) for r in FINISHED_REASONS}
-        self.itl = metrics.itl.labels(*labels)
-        self.iteration_tokens = metrics.iteration_tokens.labels(*labels)
         self._prefilled = 0  # prompt tokens admitted since the last step: part of its tokens
 
     def admitted(self, prompt_tokens: int) -> None:
@@ -131,14 +109,20 @@ class EngineMeter:
         self.kv_usage.set(kv_usage)
 
 
-class EngineView:
-    """A collector showing only some engines' samples of a registry: a page per server."""
+class FleetPage:
+    """A collector of several engines' registries as one page (one family each, every
+    engine's samples under it), as one vLLM server with data parallelism renders it."""
 
-    def __init__(self, registry: CollectorRegistry, engines: Iterable[str]) -> None:
-        self.registry = registry
-        self.engines = frozenset(engines)
+    def __init__(self, registries: Iterable[CollectorRegistry]) -> None:
+        self.registries = list(registries)
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.registry.collect():
-            family.samples = [s for s in family.samples if s.labels.get("engine") in self.engines]
-            yield family
+        merged: dict[str, Metric] = {}
+        for registry in self.registries:
+            for family in registry.collect():
+                into = merged.get(family.name)
+                if into is None:
+                    merged[family.name] = family
+                else:
+                    into.samples.extend(family.samples)
+        yield from merged.values()

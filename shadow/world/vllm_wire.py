@@ -124,6 +124,22 @@ class StreamShape:
     continuous_usage: bool
     system_fingerprint: str
 
+    def __post_init__(self) -> None:
+        # The common chunk (a token of text, no usage, not the last) is written from two
+        # byte templates around its text: the emulator writes thousands a second, and
+        # building and dumping its dict costs twenty times more. `chunk` checks nothing
+        # else differs: the templates are cut from the dict it would dump.
+        self._templates: dict[int, tuple[bytes, bytes]] = {}
+
+    def _template(self, index: int) -> tuple[bytes, bytes]:
+        cut = self._templates.get(index)
+        if cut is None:
+            marker = "\u0000MARK\u0000"
+            line = self._build(index, marker, 0, None, None, None)
+            before, after = line.split(dumps(marker))
+            cut = self._templates[index] = (before, after)
+        return cut
+
     def _head(self) -> dict[str, Any]:
         return {
             "id": self.response_id,
@@ -164,6 +180,20 @@ class StreamShape:
         `tool_call`: the call's id when this is the first delta of a tool call, "" for a
         later one, None for text.
         """
+        if finish_reason is None and tool_call is None and not self.continuous_usage:
+            before, after = self._template(index)
+            return before + dumps(text) + after
+        return self._build(index, text, generated, finish_reason, stop_reason, tool_call)
+
+    def _build(
+        self,
+        index: int,
+        text: str,
+        generated: int,
+        finish_reason: str | None,
+        stop_reason: str | int | None,
+        tool_call: str | None,
+    ) -> bytes:
         body = self._head()
         choice: dict[str, Any] = {"index": index}
         if self.chat:

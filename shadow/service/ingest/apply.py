@@ -22,6 +22,7 @@ from shadow.events import (
     ReadyEvent,
     WorkerEvent,
 )
+from shadow.service.store import UNJOIN, EventBatch
 from shadow.stream.fleet import FleetCore
 from shadow.stream.invariants import Violation
 from shadow.stream.items import (
@@ -34,6 +35,7 @@ from shadow.stream.items import (
     StreamItem,
     WorkerItem,
 )
+from shadow.stream.join import CORRECTED, FINISHED, IGNORED
 from shadow.stream.mirror import NATURAL_FINISH
 from shadow.stream.windows import WindowTracker
 
@@ -79,6 +81,9 @@ class Applier:
         self.windows = config.windows_enabled
         self.audit = config.audit_enabled
         self._fleet = fleet
+        #: (ingest id, output_tokens, joined_to) of stored finish rows the join changed,
+        #: for the pipeline to commit with what it derived (`EventBatch.update_finish`)
+        self.finish_updates: list[tuple[int, int | None, int | None]] = []
         #: event class -> its handler: the one dispatch of the ingest path
         self._by_kind: dict[type, Handler] = {
             WorkerEvent: self._worker,
@@ -106,6 +111,12 @@ class Applier:
         found = self._by_kind[event.__class__](state, event, ingest_id, stream, derive)
         if derive and found:
             violations.extend((ingest_id, v) for v in found)
+
+    def take_finish_updates(self, batch: EventBatch) -> None:
+        """Move the finish-row changes made so far into `batch`."""
+        for ingest_id, tokens, joined in self.finish_updates:
+            batch.update_finish(ingest_id, tokens, joined)
+        self.finish_updates.clear()
 
     def _engine_step(
         self, state: FleetState, event: EngineStepEvent, _id: int, stream: list, _derive: bool
@@ -166,16 +177,46 @@ class Applier:
         return found
 
     def _finish(
-        self, state: FleetState, event: FinishEvent, _id: int, stream: list, _derive: bool
+        self, state: FleetState, event: FinishEvent, ingest_id: int, stream: list, _derive: bool
     ) -> list[Violation]:
+        """Through the join (`shadow.stream.join`): the stored rows follow what it did (a
+        corrected count on the first finish's row, `joined_to` on a later one's)."""
         ts = event.ts
-        found, done = state.core.finish(ts, event.request_id, event.output_tokens, event.reason)
-        if done is not None and self.windows:
-            natural = event.reason in NATURAL_FINISH
-            state.tracker.on_finish(ts, event.request_id, event.output_tokens, natural)
+        found, outcome = state.core.finish_event(
+            ts,
+            event.request_id,
+            event.output_tokens,
+            event.reason,
+            event.estimated,
+            event.from_engine,
+            ingest_id,
+        )
+        kind = outcome.kind
+        done = outcome.completed
+        if kind == FINISHED and self.windows and done is not None:
+            # an estimate is no length to learn from: its correction is (below)
+            natural = event.reason in NATURAL_FINISH and event.estimated is not True
+            state.tracker.on_finish(ts, outcome.request_id, event.output_tokens, natural)
+        elif kind == CORRECTED and done is not None:
+            if outcome.primary_ref >= 0:
+                self.finish_updates.append((outcome.primary_ref, done.output_tokens, None))
+            if self.windows:
+                natural = done.reason in NATURAL_FINISH
+                state.tracker.on_finish(done.ts, outcome.request_id, done.output_tokens, natural)
+        if kind in (CORRECTED, IGNORED) and outcome.primary_ref >= 0:
+            self.finish_updates.append((outcome.primary_ref, None, UNJOIN))
+            self.finish_updates.append((ingest_id, None, outcome.primary_ref))
         if self.audit:
             stream.append(
-                FinishItem(ts, event.fleet, event.request_id, event.output_tokens, event.reason)
+                FinishItem(
+                    ts,
+                    event.fleet,
+                    event.request_id,
+                    event.output_tokens,
+                    event.reason,
+                    event.estimated,
+                    event.from_engine,
+                )
             )
         return found
 

@@ -67,6 +67,8 @@ def merge(jobs: Sequence[CommitJob]) -> CommitJob:
         batch.samples += job.batch.samples
         batch.progress.update(job.batch.progress)
         batch.seq_high.update(job.batch.seq_high)
+        for ingest_id, (tokens, joined) in job.batch.finish_updates.items():
+            batch.update_finish(ingest_id, tokens, joined)
         decisions += job.decisions
         violations += job.violations
     last = jobs[-1]

@@ -200,8 +200,12 @@ class Pipeline:
             self._forget_finished(stream)
             self._audits.submit(stream)
             decisions, audited = self._audits.collect(wait=True)
+            # the join's changes to stored finish rows again: the same, or, where the
+            # stored order differs from the applied one, what this order derives
+            rebuilt = EventBatch()
+            self._applier.take_finish_updates(rebuilt)
             self.committer.submit(
-                EventBatch(), self._next_id, decisions, violations + audited, self._checkpoint()
+                rebuilt, self._next_id, decisions, violations + audited, self._checkpoint()
             ).wait()
             return count
 
@@ -324,6 +328,7 @@ class Pipeline:
                                 event.running,
                                 event.kv_tokens,
                                 event.waiting,
+                                event.tokens,
                             )
                         )
                     elif kind == "progress":
@@ -457,7 +462,8 @@ class Pipeline:
             self._forget_finished(stream)
         self._audits.submit(stream)
         decisions, audited = self._audits.collect()
-        batch = batch or EventBatch()
+        batch = batch if batch is not None else EventBatch()
+        self._applier.take_finish_updates(batch)
         while not self._incoming_samples.empty():
             fleet, ts, worker, sample = self._incoming_samples.get_nowait()
             pending = self._fleet(fleet).pending_samples

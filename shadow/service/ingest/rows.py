@@ -30,7 +30,7 @@ def lifecycle_row(ingest_id: int, event: Any) -> tuple:
         ingest_id, event.fleet, event.source, event.seq, kind, event.ts, get("request_id"),
         get("worker"), get("prompt_tokens"), get("prompt_hash"), get("max_tokens"),
         get("policy"), view, get("output_tokens"), get("reason"), get("capacity"),
-        get("state"),
+        get("state"), get("raw_reason"), get("estimated"), get("from_engine"),
     )  # fmt: skip
 
 

@@ -1,0 +1,117 @@
+"""The join of two finishes of one request: the tap's and the engine's own.
+
+The tap counts tokens from the stream (exact from usage, else an estimate: a lower
+bound); vLLM's stat-logger plugin sends the engine's exact count (`from_engine`). Both
+finishes of a request meet here, in stream order:
+
+- whichever comes first finishes the request (releases its slot);
+- a later exact count for a request finished with an estimate corrects it (the mirror's
+  completed record; the caller corrects what it stored);
+- a later estimate, or any later finish of a request finished exactly, is ignored;
+- an engine finish for a request the shadow never saw is `unjoined`, never a violation:
+  the engine also serves requests that did not pass the tap;
+- with n > 1 the tap names the children `<id>#<k>` while the engine reports `<id>` for
+  each: an engine finish for `<id>` goes to the first child (by finish time, then index)
+  still without an exact count;
+- `recomputed` is no finish: the request goes back to the pool (`apply_recompute`).
+
+Pure: the counters are plain integers the service exports on `/metrics`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from shadow.events.schema import FINISH_REASONS
+from shadow.stream.mirror import Completed, FleetMirror, RequestState
+
+#: the separator of an n > 1 child's choice index (`<external id>#<k>`)
+CHILD_SEPARATOR = "#"
+RECOMPUTED = "recomputed"
+#: the `reason` label of a reason outside FINISH_REASONS (labels stay bounded)
+OTHER_REASON = "other"
+
+#: outcomes of one finish event
+FINISHED, CORRECTED, IGNORED, UNJOINED, RECOMPUTE, UNKNOWN = (
+    "finished", "corrected", "ignored", "unjoined", "recomputed", "unknown",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FinishOutcome:
+    """What one finish event did. `request_id` is the request it joined (a child's id
+    for an engine finish of an n > 1 request); `primary_ref` the reference of the finish
+    that finished it, for a later one (`corrected`, `ignored`), else -1."""
+
+    kind: str
+    request_id: str
+    completed: Completed | None = None
+    primary_ref: int = -1
+
+
+def reason_label(reason: str) -> str:
+    """The `reason` label of `shadow_finish_reasons_total`: known reasons as they are,
+    any other `other`."""
+    return reason if reason in FINISH_REASONS else OTHER_REASON
+
+
+class FinishJoin:
+    """The join state of one fleet: n > 1 children by parent id, and the counters."""
+
+    def __init__(self) -> None:
+        #: parent external id -> its children's ids (`<id>#<k>`), as the tap named them
+        self.children: dict[str, list[str]] = {}
+        #: finishes that finished a request with the tap's estimate
+        self.estimates = 0
+        #: of those, estimates an exact count later replaced
+        self.corrections = 0
+        #: engine finishes for requests the shadow never saw
+        self.unjoined = 0
+        #: reason label -> finishes (and recomputes) applied with it
+        self.reasons: Counter[str] = Counter()
+
+    def note_request(self, request_id: str) -> None:
+        """Remember an n > 1 child under its parent id (called on ready and dispatch)."""
+        parent, sep, index = request_id.rpartition(CHILD_SEPARATOR)
+        if sep and parent and index.isdigit():
+            kids = self.children.setdefault(parent, [])
+            if request_id not in kids:
+                kids.append(request_id)
+
+    def forget(self, mirror: FleetMirror) -> None:
+        """Drop the parents whose children the mirror forgot."""
+        known = mirror.requests
+        gone = [p for p, kids in self.children.items() if not any(k in known for k in kids)]
+        for parent in gone:
+            del self.children[parent]
+
+    def target(self, mirror: FleetMirror, request_id: str, from_engine: bool) -> str | None:
+        """The request an event's `request_id` means: itself when known (or for a tap
+        event); for an engine finish of an n > 1 parent, its first child (by finish time,
+        then index) still without an exact count, else its first child (a duplicate).
+        None: a request the shadow never saw."""
+        if request_id in mirror.requests or not from_engine:
+            return request_id
+        kids = [k for k in self.children.get(request_id, ()) if k in mirror.requests]
+        if not kids:
+            return None
+        open_kids = []
+        for kid in kids:
+            request = mirror.requests[kid]
+            if request.finished and not request.estimated:
+                continue
+            when = request.finish_ts if request.finished else None
+            when = float("inf") if when is None else when
+            open_kids.append((when, int(kid.rpartition(CHILD_SEPARATOR)[2]), kid))
+        return min(open_kids)[2] if open_kids else kids[0]
+
+    def later_finish(
+        self, mirror: FleetMirror, request: RequestState, output_tokens: int, exact: bool
+    ) -> FinishOutcome:
+        """A finish for a request already finished: a correction or nothing."""
+        if request.estimated and exact:
+            self.corrections += 1
+            done = mirror.correct(request, output_tokens)
+            return FinishOutcome(CORRECTED, request.request_id, done, request.finish_ref)
+        return FinishOutcome(IGNORED, request.request_id, None, request.finish_ref)
