@@ -284,6 +284,16 @@ def test_the_vllm_demo_starts_and_its_fleet_shows_the_workers(tmp_path):
         service.stop()
 
 
+def engines_idle(url: str) -> bool:
+    page = scrape(url)
+    return all(engine_value(page, "vllm:num_requests_running", e) == 0 for e in ("0", "1"))
+
+
+def generated_total(url: str) -> int:
+    page = scrape(url)
+    return int(sum(engine_value(page, "vllm:generation_tokens_total", e) for e in ("0", "1")))
+
+
 @dataclass
 class Run:
     world: RealWorld
@@ -380,10 +390,19 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
         for future in running:
             future.result()
         load_futures = [pool.submit(call, router, job) for job in load]
-        cancelled_future = pool.submit(call, router, cancelled)
         call(router, rejected)
-        for future in [*load_futures, cancelled_future]:
+        for future in load_futures:
             future.result()
+    # the client that leaves, alone on idle engines: the engine's own count of what it
+    # generated for it is the move of vllm:generation_tokens_total (vLLM 0.32 reports no
+    # FinishedRequestStats for an abort, so the plugin cannot say it)
+    idle = wait_until(lambda: engines_idle(engine_url), 60)
+    assert idle, "the engines did not go idle after the load"
+    before = generated_total(engine_url)
+    call(router, cancelled)
+    wait_until(lambda: engines_idle(engine_url), 60)
+    time.sleep(1.0)
+    result.notes["cancelled_engine_tokens"] = generated_total(engine_url) - before
     return result
 
 
@@ -440,22 +459,20 @@ def test_every_finished_request_stores_what_the_engine_generated(run):
 def test_the_cancelled_request_stores_the_engines_own_count(run):
     job = run.cancelled
     assert job.status == 200 and not job.complete, (job.status, job.complete, job.error)
+    generated = run.notes["cancelled_engine_tokens"]
     with run.client() as api:
         [rid] = job.ids
 
-        def both():
+        def stored() -> list[dict]:
             api.post("/v1/flush")
-            rows = finishes(api, rid)
-            return rows if any(not r["source"].startswith("tap") for r in rows) else None
+            return finishes(api, rid)
 
-        rows = wait_until(both, 30)
-        assert rows, f"no engine finish for {rid}: {finishes(api, rid)}"
-        engine = [r for r in rows if not r["source"].startswith("tap")]
-        counts = {r["output_tokens"] for r in rows}
-        print(f"\ncancelled after {job.chunks} chunks: finishes {rows}")
-        assert len(counts) == 1, f"tap and engine disagree after correction: {rows}"
-        generated = engine[0]["output_tokens"]
-        assert job.chunks - 2 <= generated < job.max_tokens, (job.chunks, generated)
+        rows = wait_until(stored, 30)
+    print(f"\ncancelled after {job.chunks} chunks; the engine generated {generated}; {rows}")
+    assert job.chunks - 2 <= generated < job.max_tokens, (job.chunks, generated)
+    assert rows and {r["reason"] for r in rows} <= {"cancelled", "abort"}, rows
+    counts = [r["output_tokens"] for r in rows]
+    assert all(c == generated for c in counts), f"stored {counts}, engine generated {generated}"
 
 
 def test_progress_never_exceeds_the_final_count(run):
@@ -555,5 +572,13 @@ def test_the_faults_give_exactly_the_expected_violations(run):
     assert broken and all(j.rid.startswith("long") for j in broken), [j.rid for j in broken]
     assert all(r == ["error"] for r in reasons.values()), reasons
     assert snapshot["2"]["state"] == "down" and snapshot["2"]["active"] == 0, snapshot["2"]
-    # none of the faults is a violation of the mirror's invariants
-    assert violations == [], violations
+    # the one expected violation: the incumbent router, not yet aware of the kill, sends
+    # requests to the dead worker (each answered 502): dispatches to a worker with no
+    # free slot; the client that left and the refused request are no violation
+    expected = {("over_capacity", "2", r) for j in run.jobs if j.status == 502 for r in j.ids}
+    got = [(v["kind"], v.get("worker"), v.get("request_id")) for v in violations]
+    unexpected = [v for v in got if v not in expected]
+    assert not unexpected and set(got) == expected, {
+        "unexpected": unexpected,
+        "expected but absent": sorted(expected - set(got)),
+    }
