@@ -36,6 +36,15 @@ def serve(
             "when no config file and no engines are given.",
         ),
     ] = None,
+    demo_world: Annotated[
+        str | None,
+        typer.Option(
+            "--demo-world",
+            help="What --demo runs: 'emulator' (default) or 'vllm' (real vLLM servers of a "
+            "tiny model, `shadow tap` and the plugin; needs the [vllm] extra or "
+            "SHADOW_VLLM_PYTHON).",
+        ),
+    ] = None,
 ) -> None:
     """Run the shadow service: ingest, mirror, audit, invariants, windows, JSON API."""
     import uvicorn
@@ -44,7 +53,7 @@ def serve(
     from shadow.service.interpreter import tune_interpreter
     from shadow.service.runtime import DatabaseBusy, ensure_database_free
 
-    settings = _settings(config, host=host, port=port, db=db)
+    settings = _settings(config, host=host, port=port, db=db, demo_world=demo_world)
     try:
         ensure_database_free(settings.db)
     except DatabaseBusy as error:
@@ -59,7 +68,20 @@ def serve(
     url = f"http://{settings.host}:{settings.port}"
     console.print(f"[bold]shadow service[/bold] on {url}   database {settings.db}")
     console.print(f"  web UI: [bold]{url}/[/bold]    API: {url}/docs    fleets: {url}/v1/fleets")
-    if demo:
+    if demo and settings.demo_world == "vllm":
+        from shadow.world.real_vllm import VllmUnavailable, require_vllm_python
+
+        try:
+            require_vllm_python()
+        except VllmUnavailable as error:
+            raise fail(str(error), code=2) from None
+        console.print(
+            f"  demo: 2 real vLLM engines (one DP=2 server of a tiny model, the plugin "
+            f"loaded) behind a JSQ router and `shadow tap`, with traffic; starts in about a "
+            f"minute; live mirror at {url}/v1/fleets/{settings.fleet}/snapshot, router "
+            f"address at {url}/v1/demo"
+        )
+    elif demo:
         console.print(
             f"  demo: {settings.demo_workers} emulated decode workers behind a JSQ router and "
             f"the SSE tap, with traffic; live mirror at {url}/v1/fleets/{settings.fleet}/snapshot"

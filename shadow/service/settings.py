@@ -21,7 +21,7 @@ import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -203,6 +203,9 @@ class ServiceSettings(BaseModel):
     demo_batch: int = Field(16, ge=1)
     demo_time_scale: float = Field(0.3, gt=0)
     demo_load: float = Field(0.9, gt=0)
+    #: what `--demo` runs: "emulator" (the default: no extra needed) or "vllm" (real vLLM
+    #: servers of a tiny model, the tap and the plugin; needs the [vllm] extra)
+    demo_world: Literal["emulator", "vllm"] = "emulator"
     tokens: list[TokenSpec] = Field(default_factory=list)
     tokens_file: Path | None = None
     ingest: Section[PipelineConfig] = Field(default_factory=PipelineConfig)

@@ -70,9 +70,12 @@ def page(
 
 
 def request_events(reader: Reader, fleet: str, request_id: str) -> list[dict[str, Any]]:
-    """One request's stored lifecycle events, in time order."""
+    """One request's stored lifecycle events, in time order. A finish says whether its
+    count is an estimate, whether the engine sent it, and `joined_to`: set on a later
+    finish the join ignored (NULL on the one that finished the request)."""
     return reader.query(
-        "SELECT type, ts, worker, policy, prompt_tokens, output_tokens, reason, source, seq "
+        "SELECT type, ts, worker, policy, prompt_tokens, output_tokens, reason, source, seq, "
+        "estimated, from_engine, joined_to "
         "FROM events WHERE fleet = :fleet AND request_id = :request_id ORDER BY ts, ingest_id",
         {"fleet": fleet, "request_id": request_id},
     )

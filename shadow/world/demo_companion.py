@@ -1,43 +1,171 @@
-"""The emulated world as the service's companion (`shadow serve --demo`): the service
-starts and stops it through `shadow.service.http.companion.Companion` and never imports
-the world itself."""
+"""The demo world as the service's companion (`shadow serve --demo`): the service starts
+and stops it through `shadow.service.http.companion.Companion` and never imports the world
+itself. `demo_world` picks which: the emulator (the default, nothing to install) or real
+vLLM (`shadow.world.real_vllm`: 2 engines as the ranks of one DP=2 server, the incumbent
+router, `shadow tap`, the plugin)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import multiprocessing
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shadow.world.demo import DemoPlan, DemoProcess, abandon_previous_world
 
 if TYPE_CHECKING:
+    from shadow.replay.workload import Workload
     from shadow.service.ingest.pipeline import Pipeline
     from shadow.service.settings import ServiceSettings
     from shadow.world.assembly import WorldAddresses
+
+#: the real world's demo: its ranks and the bounds of its traffic (the tiny model streams
+#: ~600 tokens/s on 2 cores; longer prompts than the model's 4,096 would be refused)
+REAL_WORKERS = 2
+REAL_MAX_PROMPT = 2000
+REAL_MAX_OUTPUT = 256
 
 
 class DemoCompanion:
     """Runs the demo world in its child process for the service's lifetime."""
 
-    def __init__(self, plan: DemoPlan) -> None:
+    def __init__(self, plan: DemoPlan, world: str = "emulator") -> None:
+        if world not in ("emulator", "vllm"):
+            raise ValueError(f"demo_world must be 'emulator' or 'vllm', got {world!r}")
         self.plan = plan
-        self._process: DemoProcess | None = None
+        self.world = world
+        self._process: DemoProcess | RealDemoProcess | None = None
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> DemoCompanion:
         """The plan from the service's settings: the one place the demo reads them."""
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+        workers = REAL_WORKERS if settings.demo_world == "vllm" else settings.demo_workers
         return cls(
             DemoPlan(
-                f"http://{host}:{settings.port}", settings.demo_workers, settings.demo_batch,
+                f"http://{host}:{settings.port}", workers, settings.demo_batch,
                 settings.demo_time_scale, settings.demo_load, settings.fleet,
-            )
+            ),
+            settings.demo_world,
         )  # fmt: skip
 
     def start(self, pipeline: Pipeline) -> WorldAddresses:
         """Let go of an earlier demo's requests, then start the world; its addresses."""
         abandon_previous_world(pipeline, self.plan.fleet)
-        self._process = DemoProcess(self.plan)
+        self._process = (
+            RealDemoProcess(self.plan) if self.world == "vllm" else DemoProcess(self.plan)
+        )
         return self._process.start()
 
     def stop(self) -> None:
         if self._process is not None:
             self._process.stop()
+
+
+def real_workload(plan: DemoPlan) -> Workload:
+    """The bundled trace, re-timed to the plan, with prompts and outputs the tiny model's
+    context and speed allow."""
+    import numpy as np
+
+    from shadow.replay.workload import Workload
+    from shadow.world.demo import demo_workload
+
+    base = demo_workload(plan)
+    return Workload.from_arrays(
+        "demo-vllm",
+        np.asarray(base.ready_s),
+        np.clip(np.asarray(base.prompt_tokens), 1, REAL_MAX_PROMPT),
+        np.clip(np.asarray(base.output_tokens), 1, REAL_MAX_OUTPUT),
+    )
+
+
+def real_world_main(conn: Connection, plan: DemoPlan) -> None:
+    """Child process: run the real-vLLM world and loop traffic until told to stop."""
+    from shadow.service.workers import exit_with_parent, ignore_stop_signals
+
+    ignore_stop_signals()
+    exit_with_parent()
+    asyncio.run(_real_world(conn, plan))
+
+
+async def _real_world(conn: Connection, plan: DemoPlan) -> None:
+    from shadow.world.loadgen import run_load
+    from shadow.world.real_vllm import SERVED_MODEL, RealWorld, RealWorldOptions, ServerSpec
+
+    boot = int(time.time())
+    workdir = Path(tempfile.mkdtemp(prefix="shadow-demo-vllm-"))
+    options = RealWorldOptions(
+        servers=(ServerSpec(dp=plan.workers),), capacity=plan.batch, fleet=plan.fleet,
+        incarnation=boot,
+    )  # fmt: skip
+    try:
+        world = RealWorld(plan.service_url, workdir, options)
+        await asyncio.to_thread(world.start)
+        addresses = await world.serve_router()
+    except Exception as error:
+        conn.send(("error", f"{type(error).__name__}: {error}"))
+        return
+    conn.send(addresses)
+    workload = real_workload(plan)
+
+    async def traffic() -> None:
+        rounds = 0
+        while True:
+            await run_load(
+                addresses.router, workload, time_scale=plan.time_scale, model=SERVED_MODEL,
+                request_id_prefix=f"demo{boot}-{rounds}", max_in_flight=plan.workers * plan.batch,
+            )  # fmt: skip
+            rounds += 1
+
+    load = asyncio.create_task(traffic()) if plan.traffic else None
+    try:
+        while True:
+            if not conn.poll():
+                await asyncio.sleep(0.05)
+                continue
+            command = conn.recv()
+            if command == "stop":
+                break
+    finally:
+        if load is not None:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+        await world.stop_router()
+        await asyncio.to_thread(world.stop_processes)
+
+
+class RealDemoProcess:
+    """The parent's handle on the real world's process (vLLM takes up to minutes)."""
+
+    def __init__(self, plan: DemoPlan) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self.process = context.Process(target=real_world_main, args=(child, plan), daemon=True)
+
+    def start(self, timeout: float = 600.0) -> WorldAddresses:
+        self.process.start()
+        if not self._conn.poll(timeout):
+            self.stop()
+            raise TimeoutError("the real-vLLM demo world did not start")
+        try:
+            answer = self._conn.recv()
+        except EOFError:
+            self.stop()
+            raise RuntimeError("the real-vLLM demo world exited while starting") from None
+        if isinstance(answer, tuple) and answer[0] == "error":
+            self.stop()
+            raise RuntimeError(f"the real-vLLM demo world did not start: {answer[1]}")
+        return answer
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send("stop")
+            self.process.join(60)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
