@@ -4,6 +4,7 @@ the real ingest path (the pipeline on a DuckDB file, and POST /v1/events on the 
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -337,3 +338,28 @@ def test_a_straggler_joined_live_is_joined_again_in_stored_order_at_restart(tmp_
     finally:
         again.close()
         again.store.close()
+
+
+@pytest.mark.parametrize("engine_first", [True, False])
+def test_an_n_child_history_shows_its_kept_finish(tmp_path, engine_first):
+    """The engine names the parent `<id>`, the tap the children `<id>#<k>`: a child's
+    history (its `#` quoted: unquoted it starts the URL's fragment and the path names the
+    parent) has one kept finish, the engine's exact count, whichever came first."""
+    settings = load_settings(None, db=tmp_path / "n.duckdb", workers_processes=False)
+    kids = ["cmpl-y-0#0", "cmpl-y-0#1"]
+    engine = [engine_finish("cmpl-y-0", 7, ts=5.0), engine_finish("cmpl-y-0", 7, ts=5.0)]
+    tap = [tap_finish(k, 5, ts=5.1 if engine_first else 4.9) for k in kids]
+    events = [*started(*kids), *(engine + tap if engine_first else tap + engine)]
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/v1/events", content="\n".join(json.dumps(e) for e in events))
+        assert response.json()["accepted"] == len(events)
+        client.post("/v1/flush")
+        for kid in kids:
+            history = client.get(f"/v1/fleets/default/requests/{quote(kid, safe='')}").json()
+            assert history["request_id"] == kid
+            rows = [e for e in history["events"] if e["type"] == "finish"]
+            kept = [(r["source"], r["output_tokens"]) for r in rows if r["joined_to"] is None]
+            assert kept == [("engine" if engine_first else "tap", 7)], rows
+            assert len(rows) == 2, rows  # the tap's and the engine's, one of them joined
+        parent = client.get("/v1/fleets/default/requests/cmpl-y-0").json()["events"]
+        assert [e["source"] for e in parent if e["type"] == "finish"] == ["engine", "engine"]

@@ -529,3 +529,38 @@ def test_real_vllm_two_ranks_through_the_tap(world, tmp_path):
         if recorder_server is not None:
             recorder_server.should_exit = True
         engine.stop()
+
+
+def test_progress_says_whether_its_count_is_exact():
+    """Each choice's progress carries the accountant's own flag: exact from continuous
+    usage, an estimate from counted chunks (n > 1: usage sums the choices)."""
+    from shadow.connectors.openai_stream import StreamAccountant
+    from shadow.connectors.tap.proxy import TapProxy, _Request
+
+    class Sink:
+        def __init__(self) -> None:
+            self.events: list[dict] = []
+
+        def put(self, event: dict) -> None:
+            self.events.append(event)
+
+    config = config_from_mapping({"tap": {"service": "http://s", "progress_interval_s": 0.0,
+        "engines": [{"worker": "w0", "upstream": "http://x", "listen": "h:1"}]}})  # fmt: skip
+    sink = Sink()
+    proxy = TapProxy(config, sink)  # type: ignore[arg-type]
+
+    def chunk(text: str, usage: dict | None = None) -> bytes:
+        body: dict = {"id": "cmpl-a", "object": "text_completion",
+                      "choices": [{"index": 0, "text": text, "finish_reason": None}]}  # fmt: skip
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    exact = _Request(["cmpl-a-0"], StreamAccountant(endpoint="completions", n=1, stream=True))
+    usage = {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    proxy._apply(exact, exact.accountant.feed(chunk("x y z", usage)))
+    counted = _Request(["cmpl-b-0"], StreamAccountant(endpoint="completions", n=1, stream=True))
+    proxy._apply(counted, counted.accountant.feed(chunk("x") + chunk("y")))
+    progress = {e["request_id"]: (e["generated"], e.get("estimated")) for e in sink.events
+                if e["type"] == "progress"}  # fmt: skip
+    assert progress == {"cmpl-a-0": (3, False), "cmpl-b-0": (2, True)}

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from shadow.stream.join import CHILD_SEPARATOR
+
 
 class Reader(Protocol):
     """The two reads of `shadow.service.store.ServiceStore` these queries use."""
@@ -72,12 +74,29 @@ def page(
 def request_events(reader: Reader, fleet: str, request_id: str) -> list[dict[str, Any]]:
     """One request's stored lifecycle events, in time order. A finish says whether its
     count is an estimate, whether the engine sent it, and `joined_to`: set on a later
-    finish the join ignored (NULL on the one that finished the request)."""
-    return reader.query(
+    finish the join ignored (NULL on the one that finished the request).
+
+    An n > 1 child (`<external id>#<k>`, `shadow.stream.join`) also shows the engine's
+    finishes the join gave it: the engine names the parent (`<external id>`), so those rows
+    are stored under the parent's id and found by their `joined_to` link with the child's
+    own finish rows (either way round: whichever finished the child first is the kept one)."""
+    columns = (
         "SELECT type, ts, worker, policy, prompt_tokens, output_tokens, reason, source, seq, "
-        "estimated, from_engine, joined_to "
-        "FROM events WHERE fleet = :fleet AND request_id = :request_id ORDER BY ts, ingest_id",
-        {"fleet": fleet, "request_id": request_id},
+        "estimated, from_engine, joined_to FROM events "
+    )
+    params = {"fleet": fleet, "request_id": request_id}
+    if CHILD_SEPARATOR not in request_id:
+        return reader.query(
+            columns + "WHERE fleet = :fleet AND request_id = :request_id ORDER BY ts, ingest_id",
+            params,
+        )
+    own = "FROM events WHERE fleet = :fleet AND request_id = :request_id AND type = 'finish'"
+    return reader.query(
+        columns + "WHERE fleet = :fleet AND (request_id = :request_id "
+        f"OR (type = 'finish' AND ingest_id IN (SELECT joined_to {own} AND joined_to IS NOT NULL)) "
+        f"OR (type = 'finish' AND joined_to IN (SELECT ingest_id {own}))) "
+        "ORDER BY ts, ingest_id",
+        params,
     )
 
 

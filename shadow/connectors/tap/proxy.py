@@ -135,7 +135,10 @@ def _n_of(body: dict) -> int:
 class _Request:
     """One generation request's ids and what has been reported of it."""
 
-    __slots__ = ("accountant", "estimated", "finished", "ids", "last_report", "reported", "tokens")
+    __slots__ = (
+        "accountant", "estimated", "exact", "finished", "ids", "last_report", "reported",
+        "tokens",
+    )  # fmt: skip
 
     def __init__(self, ids: list[str], accountant: StreamAccountant) -> None:
         self.ids = ids
@@ -145,6 +148,8 @@ class _Request:
         self.finished = [False] * len(ids)
         #: finished with an estimate: a later exact count is sent as a correction
         self.estimated = [False] * len(ids)
+        #: the choice's count so far is exact (the accountant's last update said so)
+        self.exact = [False] * len(ids)
         self.last_report = 0.0
 
 
@@ -382,7 +387,9 @@ class TapProxy:
                 if u.finished and not u.estimated and state.estimated[u.choice]:
                     self._correct(state, u)
                 continue
-            state.tokens[u.choice] = max(state.tokens[u.choice], u.tokens)
+            if u.tokens >= state.tokens[u.choice]:
+                state.tokens[u.choice] = u.tokens
+                state.exact[u.choice] = not u.estimated
             if u.finished:
                 self._finish(state, u.choice, u.tokens, u.estimated, u.reason, u.raw_reason)
         now = time.monotonic()
@@ -394,7 +401,7 @@ class TapProxy:
         ts = time.time()
         for i in range(len(state.ids)):
             if not state.finished[i] and state.tokens[i] > state.reported[i]:
-                self._progress_event(state, i, state.tokens[i], True, ts)
+                self._progress_event(state, i, state.tokens[i], not state.exact[i], ts)
 
     def _progress_event(
         self, state: _Request, i: int, generated: int, estimated: bool, ts: float
