@@ -63,8 +63,6 @@ class InvariantChecker:
         #: (ts, key) of the reported incidents of requests, oldest first, for `forget`
         self._request_incidents: deque[tuple[float, tuple[str, str | None, str]]] = deque()
         self._drift_run: dict[str, int] = {}
-        #: worker -> (last `num_preemptions_total`, bound on preempted still waiting)
-        self._preempted: dict[str, tuple[float, float]] = {}
 
     @property
     def remembered(self) -> int:
@@ -199,47 +197,27 @@ class InvariantChecker:
         """A scrape of the engine's `/metrics`, checked once the mirror reached its time.
 
         The mirror counts a request active from its dispatch to its finish; the engine
-        runs it, or holds it waiting. Two kinds of waiting are the engine's business, not
-        drift, so the mirror may count that many more than `running` (never fewer):
+        runs it, or holds it in its waiting queue. vLLM's `num_requests_running` leaves
+        the queue out, and a request the router dispatched on arrival may well sit there:
+        a prefill waiting for the token budget or a preempted request (reason
+        `capacity`), a KV transfer from the prefill node not landed yet (`deferred`).
+        None of that is drift. So when the page splits waiting by reason
+        (`num_requests_waiting_by_reason`), the check compares the mirror's active count
+        with running + waiting (`deferred` + `capacity_waiting`): the mirror may count up
+        to that many more than `running`, never fewer, within `scrape_drift_tolerance`.
 
-        - `deferred`: vLLM's `num_requests_waiting_by_reason{reason="deferred"}`, requests
-          held back by a transient constraint, above all a KV transfer from the prefill
-          node that has not landed yet (the usual state of a fresh decode request).
-        - preempted: vLLM puts a preempted request back in the waiting queue, reason
-          `capacity`, where the page cannot tell it from a request not yet scheduled.
-          The check keeps, per worker, an upper bound on preempted requests still
-          waiting: the previous bound plus the rise of `vllm:num_preemptions_total`
-          since the previous scrape, clamped to this scrape's `capacity_waiting` (a
-          resumed request leaves that queue). The first scrape of a worker starts the
-          bound at min(counter, capacity_waiting). Without the counter it stays 0.
-
-        Without the waiting split (older vLLM, the emulator) both are 0: the check is
-        mirror active vs engine running, within `scrape_drift_tolerance`.
+        Without the split (older vLLM, the emulator) both are 0: the check is mirror
+        active vs engine running, within the tolerance. `preemptions` is accepted for the
+        callers that pass it and no longer needed: a preempted request is in the queue.
         """
-        preempted = self._preempted_waiting(worker_id, capacity_waiting, preemptions)
+        del preemptions  # the waiting queue holds the preempted ones (see above)
         worker = mirror.workers.get(worker_id)
         if worker is None:
             return []
         return self._compare(
-            ts, worker_id, len(worker.active), running, "scrape", excused=deferred + preempted
-        )
-
-    def _preempted_waiting(
-        self, worker_id: str, capacity_waiting: float, preemptions: float | None
-    ) -> float:
-        """The upper bound on `worker_id`'s preempted requests still waiting (see above)."""
-        if preemptions is None:
-            self._preempted.pop(worker_id, None)
-            return 0.0
-        last = self._preempted.get(worker_id)
-        if last is None:
-            bound = min(preemptions, capacity_waiting)
-        else:
-            counter, previous = last
-            bound = min(previous + max(0.0, preemptions - counter), capacity_waiting)
-        bound = max(0.0, bound)
-        self._preempted[worker_id] = (preemptions, bound)
-        return bound
+            ts, worker_id, len(worker.active), running, "scrape",
+            excused=deferred + capacity_waiting,
+        )  # fmt: skip
 
     def _compare(
         self,

@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from shadow.connectors.sink import HttpEventSink
 from shadow.events import FinishEvent, ReadyEvent
@@ -167,19 +168,53 @@ class Router:
             return JSONResponse({"error": f"upstream {worker}: {error}"}, status_code=502)
         if upstream.status_code == 502:
             self.excluded.add(worker)
-        return StreamingResponse(
-            self._relay(worker, upstream),
-            status_code=upstream.status_code,
-            headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
-        )
+        return _Relay(self, worker, upstream)
 
-    async def _relay(self, worker: str, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    async def _pump(self, worker: str, upstream: httpx.Response, send: Send) -> None:
         try:
             async for chunk in upstream.aiter_raw():
-                yield chunk
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError:
             self.excluded.add(worker)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _Relay(Response):
+    """The upstream's answer passed through while a watcher waits for the client to
+    leave: whichever ends first, the upstream request is closed right there (a client
+    gone closes it, so the tap, and the engine, see it go) and the slot released. Not a
+    `StreamingResponse` over a generator: there the close sits in the generator's
+    `finally`, which runs only when the cancellation lands inside the generator or when
+    it is finalized, so a client's leaving did not reliably reach the upstream."""
+
+    def __init__(self, router: Router, worker: str, upstream: httpx.Response) -> None:
+        self.router = router
+        self.worker = worker
+        self.upstream = upstream
+        self.status_code = upstream.status_code
+        self.background = None
+        self.init_headers(
+            {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})  # fmt: skip
+            pump = asyncio.ensure_future(self.router._pump(self.worker, self.upstream, send))
+            watch = asyncio.ensure_future(_wait_disconnect(receive))
+            try:
+                await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (pump, watch):
+                    task.cancel()
+                await asyncio.gather(pump, watch, return_exceptions=True)
         finally:
-            self._release(worker)
             with contextlib.suppress(Exception):
-                await upstream.aclose()
+                await asyncio.shield(self.upstream.aclose())
+            self.router._release(self.worker)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
