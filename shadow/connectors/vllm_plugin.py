@@ -219,6 +219,7 @@ class EventSender:
         self._max_queue = config.max_queue
         #: events taken from the queue and not yet delivered (the batch being posted)
         self.in_flight = 0
+        self._held_lock = threading.Lock()
         self._seq = 0
         self._stop = threading.Event()
         parts = urlsplit(config.url)
@@ -245,15 +246,17 @@ class EventSender:
 
     def put(self, item: tuple[Any, ...]) -> None:
         """Queue one event (a tuple, encoded later); never blocks, never raises."""
-        if len(self._queue) + self.in_flight < self._max_queue:  # what is held, all told
-            self._queue.append(item)
-        else:
-            self.dropped += 1
+        with self._held_lock:  # the sender's take moves events from queue to in flight
+            if len(self._queue) + self.in_flight < self._max_queue:  # what is held, all told
+                self._queue.append(item)
+            else:
+                self.dropped += 1
 
     @property
     def queued(self) -> int:
         """Events not yet delivered: waiting in the queue or in the batch being posted."""
-        return len(self._queue) + self.in_flight
+        with self._held_lock:
+            return len(self._queue) + self.in_flight
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (for at most `timeout_s`) and stop the thread."""
@@ -285,13 +288,15 @@ class EventSender:
             self._log_drops()
 
     def _take(self) -> list[bytes]:
-        lines = []
         queue = self._queue
-        # counted before it leaves the queue: `queued` never reads 0 while a batch is out
-        self.in_flight = count = min(len(queue), self.max_batch)
-        for _ in range(count):
-            lines.append(self._encode(queue.popleft()))
-        return lines
+        # one move under the lock: an event is counted once, in the queue or in flight, so
+        # `queued` never reads 0 while a batch is out and never counts an event twice (a
+        # double count made `put` drop events it had room for)
+        with self._held_lock:
+            count = min(len(queue), self.max_batch)
+            items = [queue.popleft() for _ in range(count)]
+            self.in_flight = count
+        return [self._encode(item) for item in items]
 
     def _encode(self, item: tuple[Any, ...]) -> bytes:
         event: dict[str, Any]
