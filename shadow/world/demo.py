@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
@@ -130,25 +131,41 @@ def abandon_previous_world(pipeline: Pipeline, fleet: str) -> int:
 
 
 class DemoProcess:
-    """The parent's handle on the world process."""
+    """The parent's handle on a world process: the emulated one by default, or another
+    world's `main(conn, plan)` (the real-vLLM world takes minutes to start and to stop)."""
 
-    def __init__(self, plan: DemoPlan) -> None:
+    def __init__(
+        self,
+        plan: DemoPlan,
+        target: Callable[[Connection, DemoPlan], None] = world_main,
+        *,
+        label: str = "the demo world",
+        start_timeout_s: float = 60.0,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self.process = context.Process(target=world_main, args=(child, plan), daemon=True)
+        self.process = context.Process(target=target, args=(child, plan), daemon=True)
+        self.label = label
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
 
-    def start(self, timeout: float = 60.0) -> WorldAddresses:
+    def start(self, timeout: float | None = None) -> WorldAddresses:
         self.process.start()
-        if not self._conn.poll(timeout):
+        if not self._conn.poll(self.start_timeout_s if timeout is None else timeout):
             self.stop()
-            raise TimeoutError("the demo world did not start")
+            raise TimeoutError(f"{self.label} did not start")
         try:
-            return self._conn.recv()
+            answer = self._conn.recv()
         except EOFError:
             self.stop()
             raise RuntimeError(
-                "the demo world exited while starting; see the traceback above"
+                f"{self.label} exited while starting; see the traceback above"
             ) from None
+        if isinstance(answer, tuple) and answer[0] == "error":  # a world that says why
+            self.stop()
+            raise RuntimeError(f"{self.label} did not start: {answer[1]}")
+        return answer
 
     def ask(self, command: tuple, timeout: float = 30.0) -> object:
         """Send a command to the world (`("kill_worker", g)`, `("digests",)`); its answer."""
@@ -161,7 +178,7 @@ class DemoProcess:
         if self.process.is_alive():
             with contextlib.suppress(BrokenPipeError, OSError):
                 self._conn.send("stop")
-            self.process.join(15)
+            self.process.join(self.stop_timeout_s)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(5)

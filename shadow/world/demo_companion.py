@@ -7,8 +7,6 @@ router, `shadow tap`, the plugin)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import multiprocessing
 import tempfile
 import time
 from multiprocessing.connection import Connection
@@ -38,7 +36,7 @@ class DemoCompanion:
             raise ValueError(f"demo_world must be 'emulator' or 'vllm', got {world!r}")
         self.plan = plan
         self.world = world
-        self._process: DemoProcess | RealDemoProcess | None = None
+        self._process: DemoProcess | None = None
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> DemoCompanion:
@@ -57,7 +55,15 @@ class DemoCompanion:
         """Let go of an earlier demo's requests, then start the world; its addresses."""
         abandon_previous_world(pipeline, self.plan.fleet)
         self._process = (
-            RealDemoProcess(self.plan) if self.world == "vllm" else DemoProcess(self.plan)
+            DemoProcess(
+                self.plan,
+                real_world_main,
+                label="the real-vLLM demo world",
+                start_timeout_s=600.0,
+                stop_timeout_s=60.0,
+            )
+            if self.world == "vllm"
+            else DemoProcess(self.plan)
         )
         return self._process.start()
 
@@ -136,36 +142,3 @@ async def _real_world(conn: Connection, plan: DemoPlan) -> None:
             await asyncio.gather(load, return_exceptions=True)
         await world.stop_router()
         await asyncio.to_thread(world.stop_processes)
-
-
-class RealDemoProcess:
-    """The parent's handle on the real world's process (vLLM takes up to minutes)."""
-
-    def __init__(self, plan: DemoPlan) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self.process = context.Process(target=real_world_main, args=(child, plan), daemon=True)
-
-    def start(self, timeout: float = 600.0) -> WorldAddresses:
-        self.process.start()
-        if not self._conn.poll(timeout):
-            self.stop()
-            raise TimeoutError("the real-vLLM demo world did not start")
-        try:
-            answer = self._conn.recv()
-        except EOFError:
-            self.stop()
-            raise RuntimeError("the real-vLLM demo world exited while starting") from None
-        if isinstance(answer, tuple) and answer[0] == "error":
-            self.stop()
-            raise RuntimeError(f"the real-vLLM demo world did not start: {answer[1]}")
-        return answer
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self._conn.send("stop")
-            self.process.join(60)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
