@@ -26,7 +26,7 @@ choice: tokens generated, finish reason, stop reason).
 Regenerate everything (one command, from the repository root; it starts and stops the
 servers itself, one at a time):
 
-    flock /tmp/vllm.lock env PYTHONPATH=$PWD /tmp/vllmvenv/bin/python \
+    flock /tmp/vllm.lock env PYTHONPATH=$PWD "$SHADOW_VLLM_PYTHON" \
         scripts/record_vllm_streams.py
 
 `--only scripted` (no server) or `--only server`; `--out DIR` to write elsewhere.

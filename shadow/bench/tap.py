@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 import os
 import signal
@@ -35,35 +34,16 @@ import numpy as np
 import uvicorn
 
 from shadow.world.process import REPO, ServerProcess, free_port
+from shadow.world.real_vllm import VllmUnavailable as VllmUnavailable
+from shadow.world.real_vllm import require_vllm_python
 
 TARGET_P99_ADDED_MS = 1.0
 TARGET_CPU_S_PER_1000 = 0.05  # 5% of a core at 1,000 chunks/s
 #: a straight hop whose P99 is above this says the machine's own jitter is larger than the
 #: 1 ms to judge: the latency verdict is then None (inconclusive), not a pass
 NOISE_P99_MS = 10.0
-FALLBACK_VLLM_PYTHON = Path("/tmp/vllmvenv/bin/python")
-
-
-class VllmUnavailable(RuntimeError):
-    """No Python with vLLM: the message says how to name one."""
-
-
-def vllm_python() -> str:
-    """`SHADOW_VLLM_PYTHON`, else this interpreter when it imports vllm, else the venv
-    this machine keeps vLLM in; a clear error when none exists."""
-    named = os.environ.get("SHADOW_VLLM_PYTHON")
-    if named:
-        if not Path(named).exists():
-            raise VllmUnavailable(f"SHADOW_VLLM_PYTHON={named} does not exist")
-        return named
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    if FALLBACK_VLLM_PYTHON.exists():
-        return str(FALLBACK_VLLM_PYTHON)
-    raise VllmUnavailable(
-        "vLLM is not available: install the vllm extra here, or set SHADOW_VLLM_PYTHON "
-        "to a Python that has vLLM (the CPU build works)"
-    )
+#: one place finds vLLM (SHADOW_VLLM_PYTHON, else this interpreter): the real-vLLM world's
+vllm_python = require_vllm_python
 
 
 class VllmServer:

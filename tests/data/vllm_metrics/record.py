@@ -7,7 +7,7 @@ requests (pinned with `X-data-parallel-rank`), so a test can tell the ranks apar
 
 Recorded with (from the worktree root, holding the machine's one-vLLM-server lock):
 
-    flock /tmp/vllm.lock env PYTHONPATH=$PWD /tmp/vllmvenv/bin/python \
+    flock /tmp/vllm.lock env PYTHONPATH=$PWD "$SHADOW_VLLM_PYTHON" \
         tests/data/vllm_metrics/record.py tests/data/vllm_metrics
 
 `tests/test_poller.py` imports `VllmServer` and `pinned_load` from here for its live test.
