@@ -220,7 +220,7 @@ def test_bytes_are_the_engines_and_the_events_say_what_happened(world, worker, c
         path, request_id = "/v1/completions", f"cmpl-{header_id}-0"
     status, data, _ = _stream(base + path, body, {"x-request-id": header_id, **extra})
     assert status == 200
-    assert hashlib.sha256(data).hexdigest() == fleet.sent_digests[header_id]
+    assert hashlib.sha256(data).hexdigest() == _sent_digest(fleet, header_id)
     events = _history(service, request_id)
     kinds = [e["type"] for e in events]
     assert kinds.count("ready") == kinds.count("dispatch") == 1
@@ -239,7 +239,7 @@ def test_the_tap_names_a_request_the_client_did_not_and_the_engine_sees_that_id(
     status, data, headers = _stream(base + "/v1/completions", body, {})
     header_id = headers["x-request-id"]  # the emulator echoes the id it was sent
     assert status == 200 and re.fullmatch(r"[0-9a-f]{32}", header_id)
-    assert hashlib.sha256(data).hexdigest() == fleet.sent_digests[header_id]
+    assert hashlib.sha256(data).hexdigest() == _sent_digest(fleet, header_id)
     assert _finish(_history(service, f"cmpl-{header_id}-0"))["output_tokens"] == 3
 
 
@@ -334,6 +334,15 @@ def test_other_paths_pass_through_without_events_and_metrics_count_every_byte(wo
     assert _metric(tap, "shadow_tap_events_sent_total", "") > 0
 
 
+def _sent_digest(fleet, key: str, timeout_s: float = 5.0) -> str:
+    """The digest the emulated worker records once its response is written: the client can
+    read the last byte a moment before the worker's code after it has run."""
+    deadline = time.monotonic() + timeout_s
+    while key not in fleet.sent_digests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return fleet.sent_digests[key]
+
+
 def _metric(tap: RunningTap, name: str, labels: str) -> float:
     text = httpx.get(tap.addresses["shared"] + "/metrics").text
     key = f"{name}{{{labels}}}" if labels else name
@@ -360,7 +369,7 @@ def test_a_dead_service_costs_the_stream_nothing_and_drops_are_counted(world):
             started = time.perf_counter()
             _, data, _ = _stream(base + "/v1/completions", body, {"x-request-id": header_id})
             timings[route] = time.perf_counter() - started
-            assert hashlib.sha256(data).hexdigest() == fleet.sent_digests[header_id]
+            assert hashlib.sha256(data).hexdigest() == _sent_digest(fleet, header_id)
         assert tap.sink.dropped > 0
         assert _metric(tap, "shadow_tap_events_dropped_total", "") == tap.sink.dropped
         # 25 emulated steps of 20 ms: a tap that waited on the service (a connect
