@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from shadow.policies import POLICY_NAMES
 
@@ -27,8 +28,9 @@ DbOption = Annotated[Path, typer.Option(help="DuckDB file (when the service is s
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print an error the way every command does and return the exit to raise. Never
     wrapped: a terminal wraps long lines itself, and a CI log or a pipe must get the
-    sentence whole (Rich would cut it at 80 columns there)."""
-    err_console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    sentence whole (Rich would cut it at 80 columns there). The message is text, not markup:
+    `pip install -e '.[vllm]'` must not lose its brackets."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 
