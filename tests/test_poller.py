@@ -7,9 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
-import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from shadow.connectors.poller import (
 )
 from shadow.stream.fleet import FleetCore
 from tests.service_helpers import ThreadedServer
+from tests.vllm_helpers import need_vllm
 
 # What vLLM V1 (0.9+) serves for a data-parallel deployment of two engines: HELP/TYPE
 # lines, counters with `_total` and `_created`, histograms, an info metric.
@@ -736,14 +735,6 @@ def test_the_service_excuses_deferred_waiting_on_real_scrapes(tmp_path: Path) ->
 # --- the same against a live vLLM server (DP = 2) --------------------------------------------
 
 
-def vllm_python() -> str | None:
-    """`SHADOW_VLLM_PYTHON`, else this interpreter when it can import vLLM."""
-    configured = os.environ.get("SHADOW_VLLM_PYTHON")
-    if configured:
-        return configured
-    return sys.executable if importlib.util.find_spec("vllm") is not None else None
-
-
 def load_recorder():
     spec = importlib.util.spec_from_file_location("vllm_record", PAGES / "record.py")
     assert spec is not None and spec.loader is not None
@@ -755,9 +746,7 @@ def load_recorder():
 def test_live_vllm_dp_server_maps_every_rank_to_its_worker(tmp_path: Path) -> None:
     """Start one real vLLM (run it under `flock /tmp/vllm.lock`), pin a known load to
     each rank, and read it through the poller as configured for two workers."""
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM: set SHADOW_VLLM_PYTHON to an interpreter that imports vllm")
+    python = need_vllm()
     record = load_recorder()
     model = record.build_model(python, tmp_path / "tiny")
     pinned = {"0": 3, "1": 1}

@@ -37,6 +37,7 @@ from shadow.connectors.tap.serve import RunningTap
 from shadow.world.emulator import EmulatedFleet
 from shadow.world.process import REPO, ServerProcess, free_port
 from tests.service_helpers import ThreadedServer
+from tests.vllm_helpers import need_vllm
 
 TOKEN = "tap-test-ingest-token-0123456789"
 
@@ -452,16 +453,6 @@ def test_the_help_documents_both_ways_in():
 # --------------------------------------------------------------------------- real vLLM
 
 
-def _vllm_python() -> str | None:
-    from shadow.bench.tap import VllmUnavailable, vllm_python
-
-    try:
-        return vllm_python()
-    except VllmUnavailable:
-        return None
-
-
-@pytest.mark.skipif(_vllm_python() is None, reason="no Python with vLLM (SHADOW_VLLM_PYTHON)")
 def test_real_vllm_two_ranks_through_the_tap(world, tmp_path):
     """Real vLLM (the tiny model, 2 DP ranks) behind a recorder behind the tap, whose two
     workers pin the two ranks: the client's bytes are what vLLM sent, the counts are the
@@ -471,7 +462,7 @@ def test_real_vllm_two_ranks_through_the_tap(world, tmp_path):
 
     loop, _, _, _, service = world
     (tmp_path / "token").write_text(TOKEN)
-    engine = VllmServer(_vllm_python() or "", tmp_path / "model", dp=2).start()
+    engine = VllmServer(need_vllm(), tmp_path / "model", dp=2).start()
     recorder_server = tap = None
     try:
         recorder = Recorder(engine.url)

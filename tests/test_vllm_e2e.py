@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import re
 import threading
 import time
 import uuid
@@ -33,7 +31,8 @@ import uvicorn
 
 from shadow.world.emulator import QuietServer
 from shadow.world.process import ServerProcess, free_port
-from shadow.world.real_vllm import RealWorld, RealWorldOptions, ServerSpec, vllm_python
+from shadow.world.real_vllm import RealWorld, RealWorldOptions, ServerSpec
+from tests.vllm_helpers import engine_value, need_vllm, scrape
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 REJECTED_PROMPT = 5000  # over --max-model-len 4096: the engine refuses it
@@ -199,32 +198,6 @@ def jobs() -> list[Job]:
             )
         )
     return out
-
-
-def scrape(url: str) -> dict[str, float]:
-    values = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            values[key] = float(value)
-    return values
-
-
-def engine_value(page: dict[str, float], name: str, engine: str) -> float:
-    pattern = re.compile(rf'^{re.escape(name)}\{{.*engine="{engine}".*\}}$')
-    found = [v for k, v in page.items() if pattern.match(k)]
-    assert len(found) == 1, (name, engine, found)
-    return found[0]
-
-
-def need_vllm() -> str:
-    python = vllm_python()
-    if python is None:
-        message = "no vLLM importable: set SHADOW_VLLM_PYTHON to vLLM's interpreter"
-        if os.environ.get("SHADOW_REQUIRE_VLLM") == "1":
-            pytest.fail(f"SHADOW_REQUIRE_VLLM=1 and {message}")
-        pytest.skip(message)
-    return python
 
 
 # -- the demo setting (before the module's world: never two worlds at once) ---------------

@@ -17,10 +17,8 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import tomllib
@@ -43,6 +41,7 @@ from shadow.connectors.vllm_plugin import (
 )
 from shadow.world.process import ServerProcess, free_port
 from tests.service_helpers import ThreadedServer
+from tests.vllm_helpers import engine_value, need_vllm, scrape
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -336,13 +335,6 @@ def test_refused_events_are_counted_not_retried(recorder):
 # -- real vLLM -------------------------------------------------------------------------
 
 
-def vllm_python() -> str | None:
-    """The interpreter that runs vLLM: `SHADOW_VLLM_PYTHON`, else this one if it has it."""
-    candidate = os.environ.get("SHADOW_VLLM_PYTHON") or sys.executable
-    probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True)
-    return candidate if probe.returncode == 0 else None
-
-
 def entry_point_dir(root: Path) -> Path:
     """A distribution's metadata holding the entry points pyproject.toml declares, for a
     checkout that is not installed in vLLM's environment: vLLM finds plugins through
@@ -360,23 +352,6 @@ def entry_point_dir(root: Path) -> Path:
         lines += [f"{name} = {target}" for name, target in entries.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
     return root
-
-
-def scrape(url: str) -> dict[str, float]:
-    """`name{labels}` -> value of a Prometheus text page."""
-    values = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            values[key] = float(value)
-    return values
-
-
-def engine_value(page: dict[str, float], name: str, engine: int) -> float:
-    pattern = re.compile(rf'^{re.escape(name)}\{{.*engine="{engine}".*\}}$')
-    found = [v for k, v in page.items() if pattern.match(k)]
-    assert len(found) == 1, (name, engine, found)
-    return found[0]
 
 
 class Forwarder:
@@ -413,9 +388,7 @@ class Forwarder:
 def vllm_setup(tmp_path_factory):
     """vLLM's interpreter, the tiny model, and the entry point's metadata (skips when no
     vLLM is importable)."""
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM importable: set SHADOW_VLLM_PYTHON to vLLM's interpreter")
+    python = need_vllm()
     root = tmp_path_factory.mktemp("vllm")
     model = root / "model"
     subprocess.run([python, "-c", "import sys; from pathlib import Path; from "
