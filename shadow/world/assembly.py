@@ -40,6 +40,11 @@ class WorldOptions:
     #: steps are numbered from it, so a restarted world is not mistaken for a replay of the
     #: last one (the service de-duplicates by source seq and by worker step)
     incarnation: int | None = None
+    #: the real stream's shapes (EmulatedFleet): a lagging stream's tokens merged into one
+    #: chunk, every k-th token ending mid-character as an empty-text chunk; the tap counts
+    #: tokens, not chunks, so the world sends what a real vLLM sends. 0 turns splits off.
+    merge_outputs: bool = True
+    split_utf8_every: int = 5
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class World:
         self.router_sink = HttpEventSink(service_url, source=f"router{tag}", fleet=o.fleet)
         self.fleet = EmulatedFleet(
             o.workers, o.batch, step_model=o.step_model, time_scale=o.time_scale,
-            sink=self.engine_sink,
+            sink=self.engine_sink, merge_outputs=o.merge_outputs,
+            split_utf8_every=o.split_utf8_every,
         )  # fmt: skip
         if o.incarnation is not None:
             self.fleet.steps = o.incarnation * 1000  # above every step of an earlier start

@@ -96,7 +96,7 @@ class EmulatedFleet(SteppingFleet):
     can prove proxies in between changed no byte. The sink, if any, is started and closed
     by its owner; the fleet only `put`s `engine_step` events into it.
 
-    Stream shapes, off by default (the world's tap counts chunks): `stream_interval` k
+    Stream shapes, off by default here (the emulated world turns them on): `stream_interval` k
     sends a choice's tokens k at a time after its first (vLLM's `--stream-interval`);
     `merge_outputs` sends every token a lagging stream has not yet sent in one chunk (what
     vLLM's API server does when it falls behind the engine); `split_utf8_every` k >= 2

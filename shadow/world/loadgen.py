@@ -34,6 +34,7 @@ class RequestOutcome:
     index: int
     request_id: str
     status: int | None
+    #: tokens received: the usage count when the engine sent one, else token chunks
     tokens: int
     digest: str
     complete: bool
@@ -102,7 +103,8 @@ def _token_text(chunk: dict[str, Any]) -> bool:
 
 
 class _StreamState:
-    """Incremental SSE reader: splits lines across chunk boundaries, counts token chunks."""
+    """Incremental SSE reader: splits lines across chunk boundaries, counts token chunks
+    (the trigger of a cancellation after k chunks) and keeps the usage count."""
 
     def __init__(self) -> None:
         self.head = b""  # the first bytes, to quote in an error
@@ -192,7 +194,13 @@ async def _one_request(
         index=index,
         request_id=request_id,
         status=status,
-        tokens=stream.tokens,
+        # the engine's own count when it sent one: a chunk may carry several tokens (a
+        # lagging stream's merged outputs) or none (a token ending mid-character)
+        tokens=(
+            stream.usage_completion_tokens
+            if stream.usage_completion_tokens is not None
+            else stream.tokens
+        ),
         digest=digest.hexdigest(),
         complete=stream.done,
         cancelled=cancelled,
