@@ -341,7 +341,7 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
     comparison of the mirror with the engine, a client that leaves, a refused request."""
     load = jobs()
     # long enough to be running on every worker at the kill
-    longs = [Job(f"long{i}-{uuid.uuid4().hex[:8]}", False, True, 1, 200, 1500) for i in range(6)]
+    longs = [Job(f"long{i}-{uuid.uuid4().hex[:8]}", False, True, 1, 200, 3000) for i in range(6)]
     # long enough that the client's leaving reaches the engine well before its end
     cancelled = Job(f"gone-{uuid.uuid4().hex[:8]}", False, True, 1, 120, 1500, cancel_after=6)
     rejected = Job(f"refused-{uuid.uuid4().hex[:8]}", False, False, 1, REJECTED_PROMPT, 16)
@@ -349,8 +349,14 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
     engine_url = world.servers[0].url
     with ThreadPoolExecutor(16) as pool, httpx.Client(base_url=service.url, timeout=30) as api:
         running = [pool.submit(call, router, job) for job in longs]  # JSQ: 2 per worker
-        time.sleep(3.0)
-        # steady phase: the long ones stream; the mirror against the engine per rank
+
+        # steady phase, once the engine runs all of them (a fixed sleep raced the tiny
+        # model, which can finish 1,500 tokens in 5 s): the mirror against the engine
+        def all_running() -> bool:
+            page = scrape(engine_url)
+            return all(engine_value(page, "vllm:num_requests_running", e) == 2 for e in "01")
+
+        assert wait_until(all_running, 60, every=0.1), "the long requests never all ran"
         for _ in range(6):
             api.post("/v1/flush")
             workers = {
@@ -366,9 +372,12 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
         for future in running:
             future.result()
         load_futures = [pool.submit(call, router, job) for job in load]
-        call(router, rejected)
         for future in load_futures:
             future.result()
+        # after the load, when the router has seen worker 2 fail and excluded it: sent
+        # with the load, it raced the first request to reach the dead worker and could
+        # be the one answered 502 instead of the engine's 400
+        call(router, rejected)
     # the client that leaves, alone on idle engines: the engine's own count of what it
     # generated for it is the move of vllm:generation_tokens_total (vLLM 0.32 reports no
     # FinishedRequestStats for an abort, so the plugin cannot say it)
@@ -468,8 +477,13 @@ def test_the_cancelled_request_stores_the_engines_own_count(run):
     print(f"\ncancelled after {job.chunks} chunks; the engine generated {generated}; {rows}")
     assert job.chunks - 2 <= generated < job.max_tokens, (job.chunks, generated)
     assert rows and {r["reason"] for r in rows} <= {"cancelled", "abort"}, rows
-    kept = [r["output_tokens"] for r in rows if r["joined_to"] is None]
-    assert kept == [generated], f"stored {kept}, engine generated {generated}: {rows}"
+    # vLLM 0.32 reports no count for an aborted request, so the stored one is the tap's:
+    # what it streamed, flagged as an estimate. The engine may have generated what no one
+    # received between the client's leaving and the abort reaching it (measured under
+    # load: one token), and the request runs alone here, so at most 2 more; never fewer.
+    [kept] = [r for r in rows if r["joined_to"] is None]
+    assert kept["estimated"] is True, kept
+    assert generated - 2 <= kept["output_tokens"] <= generated, (kept, generated)
 
 
 def test_progress_never_exceeds_the_final_count(run):
@@ -560,8 +574,16 @@ def test_the_faults_give_exactly_the_expected_violations(run):
         # it): broken is a 200 that did not run to its [DONE] without an error
         broken = [j for j in run.jobs if j.status == 200 and j not in ran_to_length(run)]
         reasons = {j.rid: [r["reason"] for r in finishes(api, j.ids[0])] for j in broken}
+    expected = {("over_capacity", "2", r) for j in run.jobs if j.status == 502 for r in j.ids}
+    unexpected = [
+        (v["kind"], v.get("worker"), v.get("request_id"), v.get("detail"))
+        for v in violations
+        if (v["kind"], v.get("worker"), v.get("request_id")) not in expected
+    ]
     print(
         f"\nviolations: {[(v['kind'], v.get('worker'), v.get('request_id')) for v in violations]}"
+        f"\nunexpected, in full: {unexpected}"
+        f"\nthe long ones: {[(j.rid, j.status, j.complete, j.chunks) for j in run.jobs[-6:]]}"
     )
     assert not missing, f"requests without a stored finish: {missing}"
     # the refused request: an error finish of no tokens, no slot kept
@@ -575,9 +597,7 @@ def test_the_faults_give_exactly_the_expected_violations(run):
     # the one expected violation: the incumbent router, not yet aware of the kill, sends
     # requests to the dead worker (each answered 502): dispatches to a worker with no
     # free slot; the client that left and the refused request are no violation
-    expected = {("over_capacity", "2", r) for j in run.jobs if j.status == 502 for r in j.ids}
     got = [(v["kind"], v.get("worker"), v.get("request_id")) for v in violations]
-    unexpected = [v for v in got if v not in expected]
     assert not unexpected and set(got) == expected, {
         "unexpected": unexpected,
         "expected but absent": sorted(expected - set(got)),
