@@ -33,6 +33,7 @@ WRITES = [
     ("/v1/route", {"json": {"requests": [{"request_id": "x", "prompt_tokens": 5}]}}, "ingest"),
     ("/v1/fleets/default/mode", {"json": {"action": "freeze", "reason": "test"}}, "operator"),
     ("/v1/fleets/default/gate/dry-run", {"json": {"candidate": "br0"}}, "operator"),
+    ("/v1/fleets/default/gate", {"json": {"candidate": "br0", "dry_run": True}}, "operator"),
 ]  # fmt: skip
 TOKEN_OF = {"ingest": INGEST, "operator": OPERATOR, "read": READ}
 
@@ -142,6 +143,10 @@ def test_roles_and_check_rules():
     table = TokenTable([("a", INGEST, ["ingest"]), ("b", OPERATOR, ["operator"])])
     assert required_role("POST", "/v1/events") == "ingest"
     assert required_role("POST", "/v1/anything-new") == "operator"
+    assert required_role("POST", "/v1/fleets/default/gate") == "operator"
+    # Flagger's webhook is a dry run Flagger posts without a header: read, not operator
+    assert required_role("POST", "/v1/fleets/default/gate/flagger") == "read"
+    assert required_role("POST", "/v1/fleets/a/b/gate/flagger") == "operator"
     assert required_role("GET", "/static/app.js") is None
     assert check(table, "GET", "/v1/fleets", None) is None  # no read token configured
     assert check(table, "POST", "/v1/events", f"Bearer {INGEST}") is None

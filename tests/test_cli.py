@@ -155,6 +155,38 @@ def test_replay_errors_name_the_problem(tmp_path):
     assert both.exit_code == 2
 
 
+def test_errors_are_whole_lines_with_a_long_path(tmp_path):
+    """A CI runner's temporary path is long; off a terminal nothing is wrapped at 80
+    columns, so the path, the line number and the field stay on one line: the same replay
+    error as above, a usage error (Typer's panel would cut it), and the gate's ERROR."""
+    import os
+    import subprocess
+    import sys
+
+    from shadow.world.process import REPO
+
+    deep = tmp_path.joinpath(*(["a-directory-with-a-long-name"] * 6))
+    deep.mkdir(parents=True)
+    bad = deep / "bad.csv"
+    bad.write_text("ready_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,abc,5\n")
+    assert len(str(bad)) > 200
+    result = runner.invoke(app, ["replay", str(bad), "--no-db"])
+    assert result.exit_code == 1
+    (line,) = [line for line in result.output.splitlines() if "line 3" in line]
+    assert str(bad) in line and "prompt_tokens" in line
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(REPO)}
+    for args, code, words in [
+        (["replay", str(bad), "--policies", "nope"], 2, ["--policies", "nope", "brh-oracle"]),
+        (["gate", "--db", str(deep / "missing.duckdb")], 5, ["evidence missing", "missing.duckdb"]),
+    ]:
+        run = subprocess.run([sys.executable, "-m", "shadow.cli", *args], capture_output=True,
+                             text=True, cwd=REPO, env=env, timeout=120)  # fmt: skip
+        assert run.returncode == code, run.stderr
+        (line,) = [line for line in run.stderr.splitlines() if words[0] in line]
+        assert all(word in line for word in words), run.stderr
+        assert "\u2502" not in run.stderr  # no panel border
+
+
 def test_replay_stores_the_run_in_duckdb_and_db_upgrade_is_idempotent(tmp_path):
     from shadow.storage import open_database
 

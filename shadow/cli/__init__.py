@@ -12,13 +12,14 @@ import typer
 
 from shadow import __version__
 from shadow.cli import audit, bench, dashboards, db, gate, mode, replay, service, sweep, tap
-from shadow.cli.shared import console
+from shadow.cli.shared import WholeErrorsGroup, console
 from shadow.cli.sweep import ray_address_argv
 
 app = typer.Typer(
     help="Shadow-mode evaluation of BalanceRoute against your incumbent decode router.",
     no_args_is_help=True,
     add_completion=False,
+    cls=WholeErrorsGroup,
 )
 
 

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import typer
 
+from shadow.cli.client import ServiceClient, ServiceError, TokenFileOption
 from shadow.cli.shared import DEFAULT_DB, DbOption, UrlOption, console, fail
 
 audit_app = typer.Typer(help="The tamper-evident audit log.", no_args_is_help=True)
 
 
 @audit_app.command("verify")
-def audit_verify(db: DbOption = DEFAULT_DB, url: UrlOption = None) -> None:
+def audit_verify(
+    db: DbOption = DEFAULT_DB, url: UrlOption = None, token_file: TokenFileOption = None
+) -> None:
     """Recompute the audit log's hash chain; exit 1 at the first row that does not match."""
     if url is not None:
-        import httpx
-
-        result = httpx.get(f"{url.rstrip('/')}/v1/audit/verify", timeout=60).json()
+        try:
+            result = ServiceClient.connect(url, token_file).get_json("/v1/audit/verify")
+        except ServiceError as error:
+            raise fail(error.message, code=error.exit_code) from None
         ok, rows, bad, problem = (
             result["ok"],
             result["rows"],

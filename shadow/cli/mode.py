@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from shadow.cli.client import ServiceClient, ServiceError, TokenFileOption
 from shadow.cli.shared import DEFAULT_DB, DbOption, UrlOption, console, fail
 
 mode_app = typer.Typer(
@@ -15,20 +16,25 @@ mode_app = typer.Typer(
 )
 
 
+def _remote(url: str, token_file: Path | None, method: str, path: str, body: object = None):
+    """The service's JSON answer, or the error exit with its sentence."""
+    try:
+        client = ServiceClient.connect(url, token_file)
+        return client.request(method, path, json=body).json()
+    except ServiceError as error:
+        raise fail(error.message, code=error.exit_code) from None
+
+
 def _mode_action(
-    action: str, fleet: str, reason: str, db: Path, url: str | None, **extra: object
-) -> None:
+    action: str, fleet: str, reason: str, db: Path, url: str | None,
+    token_file: Path | None = None, **extra: object,
+) -> None:  # fmt: skip
     if not reason.strip():
         raise typer.BadParameter("a reason is required", param_hint="--reason")
     if url is not None:
-        import httpx
-
         body = {"action": action, "reason": reason, "actor": "cli", **{
             k: v for k, v in extra.items() if v is not None}}  # fmt: skip
-        response = httpx.post(f"{url.rstrip('/')}/v1/fleets/{fleet}/mode", json=body, timeout=30)
-        if response.status_code != 200:
-            raise fail(f"{response.status_code}: {response.json().get('detail')}")
-        console.print_json(data=response.json())
+        console.print_json(data=_remote(url, token_file, "POST", f"/v1/fleets/{fleet}/mode", body))
         return
     from shadow.modes import ModeError, ModeStore, freeze, reset, resume, set_mode
     from shadow.storage import open_database
@@ -55,13 +61,11 @@ def _mode_action(
 @mode_app.command("show")
 def mode_show(
     fleet: Annotated[str, typer.Option()] = "default", db: DbOption = DEFAULT_DB,
-    url: UrlOption = None,
+    url: UrlOption = None, token_file: TokenFileOption = None,
 ) -> None:  # fmt: skip
     """Print a fleet's mode."""
     if url is not None:
-        import httpx
-
-        console.print_json(data=httpx.get(f"{url.rstrip('/')}/v1/fleets/{fleet}/mode").json())
+        console.print_json(data=_remote(url, token_file, "GET", f"/v1/fleets/{fleet}/mode"))
         return
     from shadow.modes import ModeStore
     from shadow.storage import open_database
@@ -83,9 +87,10 @@ def mode_set(
     policy: Annotated[str | None, typer.Option(help="The policy to promote (live).")] = None,
     db: DbOption = DEFAULT_DB,
     url: UrlOption = None,
+    token_file: TokenFileOption = None,
 ) -> None:
     """Promote, demote or force a mode (promoting after a FAIL verdict is refused)."""
-    _mode_action("set", fleet, reason, db, url, mode=mode, policy=policy)
+    _mode_action("set", fleet, reason, db, url, token_file, mode=mode, policy=policy)
 
 
 def _operator_command(action: str, summary: str) -> None:
@@ -96,8 +101,9 @@ def _operator_command(action: str, summary: str) -> None:
         fleet: Annotated[str, typer.Option()] = "default",
         db: DbOption = DEFAULT_DB,
         url: UrlOption = None,
+        token_file: TokenFileOption = None,
     ) -> None:
-        _mode_action(action, fleet, reason, db, url)
+        _mode_action(action, fleet, reason, db, url, token_file)
 
     command.__doc__ = summary
     mode_app.command(action)(command)

@@ -9,11 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from shadow.policies import POLICY_NAMES
 
 console = Console()
-err_console = Console(stderr=True)
+#: errors and notes are never wrapped by Rich: a terminal wraps long lines itself, and a CI
+#: log or a pipe (drawn at 80 columns) must get each sentence whole
+err_console = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_DB = Path("shadow.duckdb")
 #: the default of every `--policies`: each policy the registry knows, in its order
@@ -32,6 +35,32 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     `pip install -e '.[vllm]'` must not lose its brackets."""
     err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
+
+
+class WholeErrorsGroup(TyperGroup):
+    """The `shadow` group: off a terminal, a usage error is Click's plain lines, not
+    Typer's Rich panel, which is drawn at 80 columns there and cuts the sentence (and any
+    path in it) across lines. On a terminal, the panel as before."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             windows_expand_args=True, **extra):  # fmt: skip
+        import sys
+
+        if not standalone_mode or sys.stderr.isatty():
+            return super().main(args, prog_name, complete_var, standalone_mode,
+                                windows_expand_args, **extra)  # fmt: skip
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args,
+                                **extra)  # fmt: skip
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        except typer.TyperException as error:  # Click's usage errors (Typer vendors Click)
+            if not hasattr(error, "show"):
+                raise
+            error.show()
+            sys.exit(getattr(error, "exit_code", 1))
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def _split(names: str) -> list[str]:

@@ -1,28 +1,78 @@
-"""`shadow gate` as a function: evidence in, a table, a sentence, a JSON report, an exit
-code out. Kept beside the gate logic so the CLI only parses options."""
+"""`shadow gate` as a function: a request in, a report printed where it is read, an exit
+code out. The report comes from a database file (`--db`: evidence collected, judged and
+recorded here) or from a running service (`--url`: the service does the same on its live
+evidence); either way it is the same JSON document, printed by the same code. Kept beside
+the gate logic so the CLI only parses options."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import duckdb
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from shadow import __version__
+from shadow.gate.render import (
+    COLUMNS,
+    as_junit,
+    as_markdown,
+    as_text,
+    disagreement_lines,
+    row_cells,
+    title,
+)
+from shadow.gate.thresholds import Thresholds
 from shadow.policies import POLICY_NAMES
 
 ERROR_EXIT = 5
 USAGE_EXIT = 2
+#: what the service adds to a report it answers (the recorded run); not part of the
+#: report, whose bytes depend on the evidence and the configuration only
+RUN_KEYS = ("id", "ts")
 
 
-def _fmt(value: object, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+@dataclass(frozen=True)
+class GateRequest:
+    """What one gate run judges, and whether it is recorded as a dry run."""
+
+    fleet: str
+    candidate: str
+    baseline: str
+    since: float | None
+    until: float | None
+    thresholds: Thresholds
+    dry_run: bool
+
+
+class GateUnavailable(Exception):
+    """The report could not be had: the exit code (ERROR 5, usage 2) and the reason."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.message = message
+
+
+class GateService(Protocol):
+    """A running service that runs the gate (`--url`; the CLI's HTTP client)."""
+
+    def report(self, request: GateRequest) -> dict[str, Any]:
+        """The recorded run's report (with the service's `id` and `ts`)."""
+        ...
+
+    def explain(self, request: GateRequest, metric: str) -> str:
+        """`--explain METRIC` computed by the service."""
+        ...
+
+
+def json_text(document: dict[str, Any]) -> str:
+    """The `--json` bytes: sorted keys, two-space indent, a final newline."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
 def gate_command(
@@ -41,88 +91,136 @@ def gate_command(
     dry_run: bool,
     allow_marginal: bool,
     explain: str | None,
+    output_format: str | None = None,
+    service: GateService | None = None,
 ) -> int:
-    from shadow.gate.collect import collect_evidence
-    from shadow.gate.record import record_gate_run
-    from shadow.gate.report import explain as explain_metric
-    from shadow.gate.thresholds import Thresholds, load_thresholds
-    from shadow.gate.verdict import decide
+    """Run the gate and print it; the exit code of GATE.md. `output_format` None: the table
+    on a terminal, the plain text layout elsewhere; `service`: ask it instead of `db`."""
+    from shadow.gate.thresholds import load_thresholds
 
     for name, value in (("--candidate", candidate), ("--baseline", baseline)):
         if value not in POLICY_NAMES:
-            err_console.print(f"[red]error:[/red] {name}: unknown policy {value!r}")
-            return USAGE_EXIT
+            return _error(err_console, USAGE_EXIT, f"{name}: unknown policy {value!r}")
     try:
         thresholds = load_thresholds(thresholds_path) if thresholds_path else Thresholds()
     except (OSError, ValueError) as error:
-        err_console.print(f"[red]error:[/red] --thresholds: {error}")
-        return USAGE_EXIT
+        return _error(err_console, USAGE_EXIT, f"--thresholds: {error}")
     if show_thresholds:
-        console.print(thresholds.as_toml(), markup=False)
+        console.out(thresholds.as_toml(), highlight=False, end="")
         return 0
-    if not db.exists():
-        err_console.print(f"[red]ERROR[/red]: evidence missing: database {db} does not exist")
-        return ERROR_EXIT
-    from shadow.gate.source import open_evidence
-
+    request = GateRequest(fleet, candidate, baseline, since, until, thresholds, dry_run)
     try:
-        store = open_evidence(db)
-    except duckdb.Error as error:
-        err_console.print(f"[red]ERROR[/red]: evidence unreadable: {db}: {error}")
-        return ERROR_EXIT
-    try:
-        evidence = collect_evidence(
-            store, fleet=fleet, candidate=candidate, baseline=baseline, since=since, until=until
-        )
-        report = decide(evidence, thresholds)
         if explain is not None:
-            try:
-                console.print(explain_metric(report, explain), markup=False)
-            except ValueError as error:
-                err_console.print(f"[red]error:[/red] --explain: {error}")
-                return USAGE_EXIT
+            text = (
+                service.explain(request, explain)
+                if service is not None
+                else _local_explain(db, request, explain)
+            )
+            console.out(text, highlight=False)
             return 0
-        _print(console, report)
-        document = report.as_json(__version__)
-        document["dry_run"] = dry_run
-        if json_out is not None:
-            json_out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-            console.print(f"wrote {json_out}")
-        record_gate_run(store, document, dry_run=dry_run)
-    finally:
-        store.close()
+        if service is not None:
+            answered = service.report(request)
+            run_id = answered.get("id")
+            document = {k: v for k, v in answered.items() if k not in RUN_KEYS}
+        else:
+            document, run_id = _local_report(db, request)
+    except GateUnavailable as error:
+        return _error(err_console, error.exit_code, error.message)
+    _print(console, document, output_format)
+    if json_out is not None:
+        json_out.write_text(json_text(document))
+        err_console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
+    if run_id is not None:
+        err_console.print(f"recorded as gate run {run_id}", soft_wrap=True, highlight=False)
     if dry_run:
         return 0
-    if report.verdict == "MARGINAL" and allow_marginal:
+    if document["verdict"] == "MARGINAL" and allow_marginal:
         return 0
-    return report.exit_code
+    return int(document["exit_code"])
 
 
-def _print(console: Console, report) -> None:
-    evidence = report.evidence
-    table = Table(
-        title=f"Gate: {evidence.candidate} vs {evidence.baseline} on fleet {evidence.fleet} "
-        f"({len(evidence.windows)} windows, {evidence.decisions:,} audited dispatches)"
-    )
-    for column in ("metric", "role", "n", "incumbent", "candidate", "ratio", "95% CI",
-                   "margin", "label", "rule"):  # fmt: skip
+def _error(err_console: Console, code: int, message: str) -> int:
+    """One whole line on stderr (never wrapped: a CI log is not a terminal)."""
+    label = "[red]ERROR[/red]" if code == ERROR_EXIT else "[red]error:[/red]"
+    err_console.print(f"{label} {escape(message)}", soft_wrap=True, highlight=False)
+    return code
+
+
+def _open(db: Path):
+    from shadow.gate.source import open_evidence
+
+    if not db.exists():
+        raise GateUnavailable(ERROR_EXIT, f"evidence missing: database {db} does not exist")
+    try:
+        return open_evidence(db)
+    except duckdb.Error as error:
+        raise GateUnavailable(ERROR_EXIT, f"evidence unreadable: {db}: {error}") from None
+
+
+def _local_explain(db: Path, request: GateRequest, metric: str) -> str:
+    from shadow.gate.report import explain as explain_metric
+
+    store = _open(db)
+    try:
+        report = run_gate(store, request)
+    finally:
+        store.close()
+    try:
+        return explain_metric(report, metric)
+    except ValueError as error:
+        raise GateUnavailable(USAGE_EXIT, f"--explain: {error}") from None
+
+
+def _local_report(db: Path, request: GateRequest) -> tuple[dict[str, Any], int]:
+    store = _open(db)
+    try:
+        return judge_and_record(store, request)
+    finally:
+        store.close()
+
+
+def run_gate(store, request: GateRequest):
+    """Collect the evidence of `request` from `store` and judge it (nothing recorded)."""
+    from shadow.gate.collect import collect_evidence
+    from shadow.gate.verdict import decide
+
+    evidence = collect_evidence(
+        store, fleet=request.fleet, candidate=request.candidate, baseline=request.baseline,
+        since=request.since, until=request.until,
+    )  # fmt: skip
+    return decide(evidence, request.thresholds)
+
+
+def judge_and_record(store, request: GateRequest) -> tuple[dict[str, Any], int]:
+    """One gate run on `store`: judged, recorded (gate_runs, audit log, the fleet's mode
+    unless a dry run); the report document and the run id. The service's gate endpoint
+    and `shadow gate --db` both run exactly this."""
+    from shadow.gate.record import record_gate_run
+
+    document = run_gate(store, request).as_json(__version__)
+    document["dry_run"] = request.dry_run
+    run_id = record_gate_run(store, document, dry_run=request.dry_run)
+    return document, run_id
+
+
+def _print(console: Console, document: dict[str, Any], output_format: str | None) -> None:
+    if output_format is None and console.is_terminal:
+        _print_table(console, document)
+        return
+    render = {"text": as_text, "markdown": as_markdown, "json": json_text, "junit": as_junit}
+    console.out(render[output_format or "text"](document), highlight=False, end="")
+
+
+def _print_table(console: Console, document: dict[str, Any]) -> None:
+    """Today's Rich table, for a terminal (which wraps to its own width)."""
+    table = Table(title=title(document))
+    for column in COLUMNS:
         table.add_column(column, overflow="fold")
-    for row in report.rows:
-        ci = "-" if row.ci_low is None else f"[{_fmt(row.ci_low)}, {_fmt(row.ci_high)}]"
-        table.add_row(
-            row.metric, row.role, _fmt(row.n), _fmt(row.incumbent), _fmt(row.candidate),
-            _fmt(row.ratio), ci, _fmt(row.margin), row.label, row.rule,
-        )  # fmt: skip
+    for row in document["rows"]:
+        table.add_row(*row_cells(row))
     console.print(table)
-    colour = {"PASS": "green", "FAIL": "red", "MARGINAL": "yellow"}.get(report.verdict, "magenta")
-    console.print(f"[bold {colour}]{report.deciding_rule}[/bold {colour}]")
-    if evidence.disagreements:
-        console.print("Most informative disagreements (largest change of the gap):")
-        for d in evidence.disagreements:
-            loads = d["snapshot"]["loads"]
-            console.print(
-                f"  {d['request_id']} ({d['prompt_tokens']} prompt tokens) at {d['ts']:.3f}: "
-                f"incumbent -> {d['incumbent_worker']} (F {d['f_br0_incumbent']:.0f}), "
-                f"{evidence.candidate} -> {d['choice']} (F {d['f_br0_choice']:.0f}); "
-                f"loads {loads}"
-            )
+    verdict = document["verdict"]
+    colour = {"PASS": "green", "FAIL": "red", "MARGINAL": "yellow"}.get(verdict, "magenta")
+    for line in disagreement_lines(document):
+        console.print(line, markup=False, highlight=False)
+    console.print(f"[bold {colour}]{escape(document['deciding_rule'])}[/bold {colour}]")

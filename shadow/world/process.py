@@ -31,13 +31,16 @@ class ServerProcess:
         demo: bool = False,
         port: int | None = None,
         own_group: bool = False,
+        cwd: Path | None = None,
     ) -> None:
         """`own_group`: the server and its workers in a process group of their own, to be
-        signalled together as Ctrl-C or `timeout` would (`signal_group`)."""
+        signalled together as Ctrl-C or `timeout` would (`signal_group`). `cwd`: where it
+        runs (a relative `db` is read from there; default the checkout)."""
         self.db = db
         self.config = config
         self.demo = demo
         self.own_group = own_group
+        self.cwd = cwd or REPO
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -52,7 +55,7 @@ class ServerProcess:
             command += ["--config", str(self.config)]
         self.process = subprocess.Popen(
             command,
-            cwd=REPO,
+            cwd=self.cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

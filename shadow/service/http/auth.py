@@ -1,8 +1,9 @@
 """Bearer tokens with roles: who may send events, who may change a fleet's mode.
 
 Roles: `ingest` (event sources and the router: POST /v1/events, /v1/flush, /v1/route),
-`operator` (mode changes and gate actions; may also read), `read` (GETs of the API, the
-metrics and the docs; required only once a read token is configured). Tokens come from
+`operator` (mode changes and recorded gate runs; may also read), `read` (GETs of the API,
+the metrics and the docs, and Flagger's gate webhook, a dry run; required only once a read
+token is configured). Tokens come from
 the settings file (`[[tokens]]`) or the environment (`SHADOW_TOKENS_INGEST`,
 `SHADOW_TOKENS_OPERATOR`, `SHADOW_TOKENS_READ`, comma-separated). A presented token is
 compared with every configured one by `hmac.compare_digest` on SHA-256 digests, so
@@ -34,6 +35,8 @@ OPEN_PATHS = ("/healthz",)
 OPEN_PREFIXES = ("/static/",)
 UI_PAGES = ("/", "/compare", "/decisions", "/integrity", "/gate", "/replays", "/sweeps")
 _INGEST_WRITES = ("/v1/events", "/v1/flush", "/v1/route")
+#: POSTs that only read: Flagger's gate webhook (a dry run; Flagger posts, sends no header)
+_READ_POSTS = re.compile(r"^/v1/fleets/[^/]+/gate/flagger$")
 _BEARER = re.compile(r"^\s*Bearer\s+(\S+)\s*$", re.IGNORECASE)
 
 
@@ -84,6 +87,8 @@ def required_role(method: str, path: str) -> Role | None:
         return "read"
     if path in _INGEST_WRITES:
         return "ingest"
+    if _READ_POSTS.match(path):
+        return "read"
     return "operator"  # every other write: mode changes, gate actions, and any added later
 
 
