@@ -29,6 +29,13 @@ def gate(
     explain: Annotated[
         str | None, typer.Option(help="Show the bootstrap and rule evaluation of one metric.")
     ] = None,
+    horizon: Annotated[
+        int | None,
+        typer.Option(
+            help="H the calibration is scored at: the service's [balance_route] "
+            "horizon (default: its default, 80)."
+        ),
+    ] = None,
 ) -> None:
     """The promotion gate: PASS 0, FAIL 1, usage 2, INCONCLUSIVE 3, MARGINAL 4, ERROR 5."""
     from shadow.gate.command import gate_command
@@ -37,5 +44,6 @@ def gate(
         console, err_console, db=db, fleet=fleet, candidate=candidate, baseline=baseline,
         since=since, until=until, thresholds_path=thresholds, show_thresholds=show_thresholds,
         json_out=json_out, dry_run=dry_run, allow_marginal=allow_marginal, explain=explain,
+        horizon=horizon,
     )  # fmt: skip
     raise typer.Exit(code)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shadow import __version__
-from shadow.policies import POLICY_NAMES
+from shadow.policies import policy_names
 
 ERROR_EXIT = 5
 USAGE_EXIT = 2
@@ -41,6 +41,7 @@ def gate_command(
     dry_run: bool,
     allow_marginal: bool,
     explain: str | None,
+    horizon: int | None = None,
 ) -> int:
     from shadow.gate.collect import collect_evidence
     from shadow.gate.record import record_gate_run
@@ -48,8 +49,12 @@ def gate_command(
     from shadow.gate.thresholds import Thresholds, load_thresholds
     from shadow.gate.verdict import decide
 
+    if horizon is not None and horizon < 0:
+        err_console.print(f"[red]error:[/red] --horizon: must be >= 0, got {horizon}")
+        return USAGE_EXIT
+    known = policy_names()  # now: a test or plug-in module may have registered more
     for name, value in (("--candidate", candidate), ("--baseline", baseline)):
-        if value not in POLICY_NAMES:
+        if value not in known:
             err_console.print(f"[red]error:[/red] {name}: unknown policy {value!r}")
             return USAGE_EXIT
     try:
@@ -72,8 +77,9 @@ def gate_command(
         return ERROR_EXIT
     try:
         evidence = collect_evidence(
-            store, fleet=fleet, candidate=candidate, baseline=baseline, since=since, until=until
-        )
+            store, fleet=fleet, candidate=candidate, baseline=baseline, since=since,
+            until=until, horizon=horizon,
+        )  # fmt: skip
         report = decide(evidence, thresholds)
         if explain is not None:
             try:
