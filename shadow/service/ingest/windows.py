@@ -117,6 +117,12 @@ class WindowScheduler:
         log.exception("fleet %s: window %d could not be replayed", state.fleet, index)
 
     def _store(self, state: FleetState, result: WindowResult, fitted: bool) -> None:
+        for policy, (count, first) in result.errors.items():
+            # counted as the gate's candidate errors by the audit; here the replay went on
+            log.warning(
+                "fleet %s: window %d: %s raised in %d rounds (answered with Round-Robin): %s",
+                state.fleet, result.index, policy, count, first,
+            )  # fmt: skip
         self.store.save_window(result, fitted)
         state.stored_windows.add(result.index)
         self.windows_evaluated += 1
