@@ -187,11 +187,13 @@ def _calibration(
 def _disagreements(
     store: EvidenceSource, fleet: str, candidate: str, clause: str, params: dict, limit: int
 ) -> list[dict[str, Any]]:
-    """The candidate's disagreements that would have changed the gap the most."""
+    """The candidate's disagreements that would have changed the gap the most (a request
+    its round held back has no choice to compare)."""
     rows = store.query(
         f"SELECT ingest_id, ts, request_id, prompt_tokens, incumbent_worker, choice, "
         f"f_br0_incumbent, f_br0_choice, f_brh_incumbent, f_brh_choice, snapshot "
-        f"FROM decisions WHERE fleet = :fleet AND policy = :candidate AND NOT agrees"
+        f"FROM decisions WHERE fleet = :fleet AND policy = :candidate AND NOT agrees "
+        f"AND choice IS NOT NULL"
         f"{clause} ORDER BY (f_br0_choice - f_br0_incumbent) DESC, ingest_id LIMIT :limit",
         {**params, "candidate": candidate, "limit": limit},
     )
