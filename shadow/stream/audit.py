@@ -9,6 +9,9 @@ fleet's completed requests).
 Each policy is run on the round the incumbent really ran: the whole ready pool and the
 snapshot as the round's first dispatch saw them (dispatches at one timestamp are one
 round), with everything the policy computes (BR-H's projection too) inside the timer. The
+timer is the thread's CPU time: a policy is pure computation, and on a shared machine
+wall time measures the neighbours (the same brh-survival rounds of a 10,000-request
+replay: wall P99 12.4 ms, CPU P99 0.18 ms, on 2 busy cores). The
 round's time is its first decision's `latency_ms` (the others of the round carry None, so
 the P99 is over rounds), and each request's choice is where the policy's round put it
 (None: the policy held it). A policy that raises, or takes longer than
@@ -79,7 +82,7 @@ class Decision(NamedTuple):
     f_brh_best: float
     mirror_jsq_agrees: bool
     router_view_agrees: bool | None
-    #: wall time of this policy's whole round (projection included) on the first decision
+    #: CPU time of this policy's whole round (projection included) on the first decision
     #: of the incumbent's round; None on the round's other decisions
     latency_ms: float | None
     #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity", "margins",
@@ -190,13 +193,13 @@ class Auditor:
         open_slots = bool((free > 0).any())
         for name, policy in self.policies.items():
             placed: dict[str, str] = {}
-            started = time.perf_counter()
+            started = time.thread_time()
             try:
                 admitted = policy.admit(snapshot, pool) if open_slots else []
             except Exception as error:  # a candidate's bug is evidence, not a crash
                 admitted = []
                 errors.append((name, f"raised {type(error).__name__}: {error}"[:500]))
-            elapsed = (time.perf_counter() - started) * 1000.0
+            elapsed = (time.thread_time() - started) * 1000.0
             latency[name] = elapsed
             if elapsed > timeout:
                 errors.append((name, f"timed out: {elapsed:.1f} ms > {timeout:g} ms"))
