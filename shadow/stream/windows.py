@@ -45,16 +45,13 @@ from shadow.replay.workload import StepModel, Workload
 from shadow.stream.guard import GuardedPolicy
 from shadow.stream.mirror import FleetMirror
 from shadow.stream.trajectory import Trajectory, bucket
-
-WINDOW_METRICS = (
-    "imbalance_mean",
-    "gap_mean",
-    "step_ms_mean",
-    "throughput_tok_s",
-    "tpot_p95_ms",
-    "pool_wait_p95_ms",
-    "steps",
+from shadow.stream.window_metrics import (  # WINDOW_METRICS: re-exported, as before
+    WINDOW_METRICS,  # noqa: F401
+    observed_window,
+    span_metrics,
+    tpot_inside,
 )
+
 OBSERVED = "observed"
 #: the incumbent replayed against itself with other tie-breaks (the A/A noise floor)
 AA = "aa"
@@ -153,37 +150,6 @@ class WindowResult:
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
-def _percentile(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else math.nan
-
-
-def _span_metrics(
-    starts: np.ndarray,
-    durations: np.ndarray,
-    loads: np.ndarray,
-    running: np.ndarray,
-    span_s: float,
-    tpot: np.ndarray,
-    wait: np.ndarray,
-) -> dict[str, float]:
-    if loads.size:
-        top, bottom = loads.max(axis=1), loads.min(axis=1)
-        imbalance = float((top - bottom).mean())
-        gap = float((loads.shape[1] * top - loads.sum(axis=1)).mean())
-        step = float(durations.mean())
-    else:
-        imbalance = gap = step = math.nan
-    return {
-        "imbalance_mean": imbalance,
-        "gap_mean": gap,
-        "step_ms_mean": step,
-        "throughput_tok_s": float(running.sum()) / span_s if span_s > 0 else math.nan,
-        "tpot_p95_ms": _percentile(tpot, 95),
-        "pool_wait_p95_ms": _percentile(wait, 95),
-        "steps": float(starts.shape[0]),
-    }
-
-
 def evaluate_window(spec: WindowSpec) -> WindowResult:
     """Replay every policy from the window's start snapshot; compare with what happened."""
     span_ms = (spec.t_end - spec.t_start) * 1000.0
@@ -225,10 +191,10 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         last_step = ends.shape[0] - 1
         first = np.maximum(result.admit_step, 0)
         last = np.minimum(result.finish_step, last_step)
-        tpot = _tpot_inside(ends, first, last)
+        tpot = tpot_inside(ends, first, last)
         trace = np.arange(result.output_tokens.shape[0]) < trace_count
         wait = result.admit_ms[trace] - result.ready_ms[trace]
-        metrics[name] = _span_metrics(
+        metrics[name] = span_metrics(
             result.step_start_ms[inside],
             result.step_duration_ms[inside],
             result.worker_load[inside],
@@ -277,15 +243,6 @@ def _relabelled(
         slots[int(new)] = capacity[old]
     moved = tuple(dataclasses.replace(r, worker=int(order[r.worker])) for r in initial)
     return moved, tuple(slots)
-
-
-def _tpot_inside(ends: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """Per request, mean ms per token between its first and last step inside the window
-    (`first`/`last` index `ends`; requests with fewer than two steps there are skipped)."""
-    keep = (last - first >= 1) & (first >= 0) & (last < ends.shape[0])
-    if not keep.any():
-        return np.empty(0)
-    return (ends[last[keep]] - ends[first[keep]]) / (last[keep] - first[keep])
 
 
 def _ratio(a: float, b: float) -> float:
@@ -536,60 +493,8 @@ class WindowTracker:
                     del self.requests[rid]
 
     def _observed(self, window: _Window) -> tuple[dict[str, float], Trajectory]:
-        """What the fleet did in the window. A row is a moment some worker started a step
-        (workers stepping together share one); its load per worker is the kv of that
-        worker's step covering the moment (0: idle), its tokens the running of the steps
-        that start there."""
         assert window.t_end is not None
-        workers = len(window.workers)
-        held = sorted(
-            (start, g, duration, kv, running)
-            for (g, _), (start, duration, kv, running) in window.steps.items()
-            if start >= window.t_start - 1e-9
-        )
-        starts_list: list[float] = []
-        groups: list[list[tuple[float, int, float, int, int]]] = []
-        for entry in held:
-            if starts_list and entry[0] - starts_list[-1] <= 1e-6:
-                groups[-1].append(entry)
-            else:
-                starts_list.append(entry[0])
-                groups.append([entry])
-        starts = np.array(starts_list)
-        durations = np.array([max(e[2] for e in group) for group in groups])
-        running = np.array([sum(e[4] for e in group) for group in groups], dtype=np.int64)
-        loads = np.zeros((len(groups), workers), dtype=np.int64)
-        covering: dict[int, tuple[float, int]] = {}  # worker -> (its step's end, kv)
-        for row, group in enumerate(groups):
-            for start, g, duration, kv, _ in group:
-                covering[g] = (start + duration / 1000.0, kv)
-            for g, (end, kv) in covering.items():
-                if end > starts[row] + 1e-9:
-                    loads[row, g] = kv
-        keep = running > 0  # steps with no active request are not steps
-        ends = starts + durations / 1000.0
-        firsts, lasts, wait = [], [], []
-        started = set(window.pool + window.arrivals)
-        for rid in window.request_ids():
-            info = self.requests.get(rid)
-            if info is None or (rid in started and info.dispatch_ts is None):
-                continue  # never dispatched: it decoded nothing, so it has no TPOT
-            dispatched = -np.inf if info.dispatch_ts is None else info.dispatch_ts
-            finished = np.inf if info.finish_ts is None else info.finish_ts
-            firsts.append(np.searchsorted(starts, dispatched - 1e-9, side="left"))
-            lasts.append(np.searchsorted(ends, finished + 1e-9, side="right") - 1)
-        for rid in window.pool + window.arrivals:
-            info = self.requests.get(rid)
-            if info is not None and info.dispatch_ts is not None and info.ready_ts is not None:
-                wait.append((info.dispatch_ts - max(info.ready_ts, window.t_start)) * 1000.0)
-        tpot = _tpot_inside(ends * 1000.0, np.array(firsts, dtype=np.int64),
-                            np.array(lasts, dtype=np.int64))  # fmt: skip
-        span_s = window.t_end - window.t_start
-        metrics = _span_metrics(
-            starts[keep], durations[keep], loads[keep], running[keep], span_s, tpot,
-            np.array(wait),
+        return observed_window(
+            window.steps, window.t_start, window.t_end, len(window.workers),
+            window.request_ids(), window.pool + window.arrivals, self.requests,
         )  # fmt: skip
-        path = bucket(
-            (starts[keep] - window.t_start) * 1000.0, durations[keep], loads[keep], span_s * 1000.0
-        )
-        return metrics, path
