@@ -446,8 +446,24 @@ def _noise_row(
         finding = _Finding(metric, "INCONCLUSIVE", text)
     else:
         label, text = "within margins", ", ".join(shown) + ": within the margins"
+    if n and _aa_is_the_incumbent(a):
+        # A rule with no ties left to draw replays the same on relabelled workers: the
+        # floor is then the windows' bootstrap alone, and the reader should know it.
+        text += (
+            " (the A/A replay equals the incumbent in every window: a deterministic rule "
+            "without ties, so the floor is the bootstrap over windows alone)"
+        )
     row = MetricRow(metric, "NOISE", n, None, None, None, None, None, margin, label, text, False)
     return row, finding
+
+
+def _aa_is_the_incumbent(a: _Arrays) -> bool:
+    """Whether the A/A run reproduced the incumbent exactly wherever both were measured."""
+    for key in ("throughput_tok_s", "tpot_p95_ms", "imbalance_mean"):
+        both = np.isfinite(a.inc[key]) & np.isfinite(a.aa[key])
+        if not both.any() or not np.array_equal(a.inc[key][both], a.aa[key][both]):
+            return False
+    return True
 
 
 def _evidence_row(ev: Evidence, t: Thresholds) -> tuple[MetricRow, _Finding | None]:
