@@ -4,16 +4,22 @@ nothing, uneven B holds), and an A/A run that moves even for a deterministic inc
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from shadow.policies import BalanceRouteConfig, make_policy
+from shadow.events.parse import iter_file
+from shadow.policies import NO_KEY, ActiveSet, BalanceRouteConfig, make_policy
+from shadow.predict import ExactMatchPredictor
 from shadow.replay import InitialRequest, replay
 from shadow.replay.workload import StepModel
-from shadow.stream.windows import AA, WINDOW_METRICS, WindowSpec, evaluate_window
+from shadow.service.ingest.pipeline import Pipeline, PipelineConfig
+from shadow.service.store import ServiceStore
+from shadow.stream.windows import AA, WINDOW_METRICS, WindowConfig, WindowSpec, evaluate_window
 from shadow.workloads.synthetic import generate
 from shadow.workloads.traces import retime
+from tests.service_helpers import record
 
 WORKERS, BATCH = 4, 16
 MODEL = StepModel()
@@ -73,3 +79,56 @@ def test_a_deterministic_incumbent_has_an_aa_noise_floor(incumbent):
     assert any(same[k] != other[k] for k in ("imbalance_mean", "tpot_p95_ms", "gap_mean"))
     # the floor is noise, not another policy: within a few percent of the incumbent
     assert other["throughput_tok_s"] == pytest.approx(same["throughput_tok_s"], rel=0.05)
+
+
+class _KeepingSpecs(ThreadPoolExecutor):
+    """A real executor for the window replays that also keeps the specs it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.specs: list[WindowSpec] = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.specs.append(args[0])
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_windows_hand_exactmatch_the_keyed_history(tmp_path):
+    """ExactMatch learns by prompt key; the history a window hands its BR-H replays
+    carries each completion's key, as the gate's calibration scores it."""
+    log = tmp_path / "jsq.jsonl"
+    _, workload = record(log, 1200, load=0.8)
+    store = ServiceStore(tmp_path / "shadow.duckdb")
+    executor = _KeepingSpecs()
+    try:
+        config = PipelineConfig(audit_enabled=False, windows=WindowConfig(policies=("jsq",)))
+        pipeline = Pipeline(store, config, executor=executor)
+        pipeline.start()
+        for pairs, rejected in iter_file(log, batch_size=5000):
+            pipeline.submit(pairs, rejected)
+        pipeline.finish()
+        pipeline.close()
+    finally:
+        executor.shutdown()
+        store.close()
+    later = [s for s in executor.specs if s.history.size]
+    assert later and all(s.history_keys.shape == s.history.shape for s in later)
+    keys = np.concatenate([s.history_keys for s in later])
+    keyed = float((keys != NO_KEY).mean())
+    share = float((workload.prompt_keys != NO_KEY).mean())  # the preset's templates
+    assert keyed == pytest.approx(share, abs=0.05)
+
+    # and they matter: ExactMatch trained on a window's keyed history predicts its keyed
+    # requests otherwise than from the lengths alone (once a bucket holds min_samples)
+    spec = max(later, key=lambda s: s.history.size)
+    active = ActiveSet.from_arrays(
+        [r.worker for r in spec.initial], [r.prompt_tokens for r in spec.initial],
+        [r.generated for r in spec.initial], [r.prompt_key for r in spec.initial],
+    )  # fmt: skip
+    keyed_model, blind_model = ExactMatchPredictor(min_samples=2), ExactMatchPredictor(2)
+    keyed_model.observe_many(spec.history, spec.history_keys)
+    blind_model.observe_many(spec.history)
+    moved = (
+        keyed_model.predict(active, 80).contribution != blind_model.predict(active, 80).contribution
+    )
+    assert moved.any()
