@@ -10,9 +10,9 @@ from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
 
 from shadow import __version__
-from shadow.policies import POLICY_NAMES
+from shadow.policies import policy_names
 from shadow.service.http.responses import PAGE_MAX, invalid, rows_json
-from shadow.service.http.state import Store
+from shadow.service.http.state import State, Store
 from shadow.storage import queries
 
 router = APIRouter()
@@ -52,19 +52,19 @@ def gate_run(run_id: int, store: Store) -> dict[str, Any]:
 
 
 @router.post("/v1/fleets/{fleet}/gate/dry-run")
-def gate_dry_run(fleet: str, body: DryRunBody, store: Store) -> dict[str, Any]:
+def gate_dry_run(fleet: str, body: DryRunBody, store: Store, state: State) -> dict[str, Any]:
     """Run the gate on the service's own evidence now; recorded as a dry run (it never
-    changes a mode)."""
+    changes a mode). Calibration is scored at the service's own `[balance_route]` H."""
     from shadow.gate.collect import collect_evidence
     from shadow.gate.record import record_gate_run
     from shadow.gate.verdict import decide
 
     for name, value in (("candidate", body.candidate), ("baseline", body.baseline)):
-        if value not in POLICY_NAMES:
+        if value not in policy_names():
             raise invalid(["body", name], f"{name}: unknown policy {value!r}")
     evidence = collect_evidence(
         store, fleet=fleet, candidate=body.candidate, baseline=body.baseline,
-        since=body.since, until=body.until,
+        since=body.since, until=body.until, horizon=state.settings.balance_route.horizon,
     )  # fmt: skip
     report = decide(evidence).as_json(__version__)
     report["dry_run"] = True
