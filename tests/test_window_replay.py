@@ -67,11 +67,11 @@ def test_a_window_replays_its_draining_worker_without_new_work():
     assert result.trajectories["jsq"].loads[:, 1].max() == 0
 
 
-@pytest.mark.parametrize("incumbent", ["rr", "jsq"])
+@pytest.mark.parametrize("incumbent", ["rr", "jsq", "br0"])
 def test_a_deterministic_incumbent_has_an_aa_noise_floor(incumbent):
     """`rr` has no random draws: the A/A run relabels the fleet's workers, so its start
-    and its order fall elsewhere (and JSQ's ties are drawn at random besides). BR-0, with
-    no ties to draw, replays the same: the gate's noise row says so."""
+    and its order fall elsewhere (and JSQ's ties are drawn at random besides). BR-0 has no
+    ties left to draw either: its A/A draws the arrivals again within a step."""
     started = [InitialRequest(g, 3000 + 500 * g, 40 * g, 200 + 300 * g) for g in (0, 0, 1, 2)]
     metrics = evaluate_window(_spec([incumbent], incumbent, initial=started)).metrics
     same, other = metrics[incumbent], metrics[AA]

@@ -14,8 +14,10 @@ one decodes what it holds and takes nothing new, and each worker keeps its own B
 steps are keyed per worker (each engine counts its own); the observed fleet at a moment is
 each worker's step covering it. A policy round that raises is counted and answered with
 Round-Robin (`GuardedPolicy`), as live routing answers it. The A/A run is the incumbent
-with other tie-break draws on a relabelled fleet (workers in a shuffled order), so a
-deterministic incumbent (`rr`, `br0`) has a noise floor too.
+with other tie-break draws on a relabelled fleet (workers in a shuffled order), so
+Round-Robin has a noise floor too; where that moves nothing (a rule without ties, such as
+BR-0), the arrivals are drawn again up to one step later, which moves only the round
+that first sees each request.
 
 Window metrics cover the steps that start inside the window. A window's replay holds
 only its own arrivals, so whatever runs past its end meets a lighter fleet than it really
@@ -31,17 +33,24 @@ can run in a worker process off the ingest path.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from shadow.events import STEP_END_KINDS
-from shadow.policies import NO_KEY, ActiveSet, BalanceRouteConfig, make_aa_policy, make_policy
+from shadow.policies import (
+    NO_KEY,
+    ActiveSet,
+    BalanceRouteConfig,
+    Policy,
+    make_aa_policy,
+    make_policy,
+)
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.replay import InitialRequest, replay
 from shadow.replay.workload import StepModel, Workload
+from shadow.stream.aa import jittered, relabelled
 from shadow.stream.guard import GuardedPolicy
 from shadow.stream.mirror import FleetMirror
 from shadow.stream.trajectory import Trajectory, bucket
@@ -159,23 +168,22 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         trajectories[OBSERVED] = spec.observed_trajectory
     trace_count = len(spec.arrivals)
     capacity = spec.capacity if spec.capacity is not None else (spec.batch,) * spec.workers
-    runs = [(name, name) for name in spec.policies]
-    if spec.incumbent in spec.policies:
-        runs.append((AA, spec.incumbent))
     errors: dict[str, tuple[int, str]] = {}
-    for name, policy_name in runs:
-        initial, slots = spec.initial, capacity
-        if name == AA:
-            policy = make_aa_policy(policy_name, seed=spec.index + 1)
-            initial, slots = _relabelled(spec.initial, capacity, seed=spec.index + 1)
-        else:
-            policy = make_policy(policy_name, config=spec.balance_route)
+
+    def run(
+        name: str,
+        policy: Policy,
+        initial: tuple[InitialRequest, ...],
+        slots: tuple[int, ...],
+        arrivals: Workload,
+    ) -> None:
+        """Replay one policy and measure it inside the window."""
         predictor = getattr(policy, "predictor", None)
         if predictor is not None and predictor.name != "oracle" and spec.history.size:
             predictor.observe_many(spec.history, spec.history_keys)
         guarded = GuardedPolicy(policy)
         result = replay(
-            spec.arrivals,
+            arrivals,
             guarded,
             workers=spec.workers,
             batch=spec.batch,
@@ -210,6 +218,21 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
                 result.worker_load[inside],
                 span_ms,
             )
+
+    for name in spec.policies:
+        run(name, make_policy(name, config=spec.balance_route), spec.initial, capacity,
+            spec.arrivals)  # fmt: skip
+    if spec.incumbent in spec.policies:
+        seed = spec.index + 1
+        moved, slots = relabelled(spec.initial, capacity, seed=seed)
+        run(AA, make_aa_policy(spec.incumbent, seed=seed), moved, slots, spec.arrivals)
+        if metrics[AA] == metrics[spec.incumbent]:
+            # nothing arbitrary left to draw (a rule without ties): draw the arrival
+            # times again within a step instead, a difference no router could act on
+            step = spec.observed.get("step_ms_mean", math.nan)
+            step_s = (step if step > 0 else spec.step_model.b_ms) / 1000.0
+            later = jittered(spec.arrivals, step_s, seed)
+            run(AA, make_aa_policy(spec.incumbent, seed=seed), moved, slots, later)
     incumbent = metrics.get(spec.incumbent)
     fidelity_imbalance = fidelity_step = math.nan
     if incumbent is not None:
@@ -229,20 +252,6 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         trajectories,
         errors,
     )
-
-
-def _relabelled(
-    initial: tuple[InitialRequest, ...], capacity: tuple[int, ...], seed: int
-) -> tuple[tuple[InitialRequest, ...], tuple[int, ...]]:
-    """The same fleet with its workers in a shuffled order: every window metric is blind
-    to the labels, but a rule's index tie-breaks (and Round-Robin's start) are not, so
-    this is the A/A draw of a deterministic incumbent."""
-    order = np.random.default_rng(seed).permutation(len(capacity))  # new position of each
-    slots = [0] * len(capacity)
-    for old, new in enumerate(order):
-        slots[int(new)] = capacity[old]
-    moved = tuple(dataclasses.replace(r, worker=int(order[r.worker])) for r in initial)
-    return moved, tuple(slots)
 
 
 def _ratio(a: float, b: float) -> float:
