@@ -444,3 +444,28 @@ def test_histogram_text():
     assert sum(int(line.split()[-1]) for line in lines) == 1000
     assert max(line.count("#") for line in lines) == 20
     assert histogram_text(np.array([])) == "(no finite samples)"
+
+
+def test_imbalance_within_the_aa_floor_is_not_shown():
+    """An imbalance gain no larger than what the incumbent's own tie-breaks move is not
+    the candidate's: the A/A imbalance interval bounds the OBJECTIVE."""
+    windows = make_windows(imbalance=0.995, noise=0.002, aa_noise=0.05)
+    report = decide(make_evidence(windows), FAST)
+    rows = {r.metric: r for r in report.rows}
+    assert rows["imbalance_ratio"].ci_high < 1.0  # below the margin
+    assert rows["imbalance_ratio"].label == "not shown"
+    assert "A/A noise floor" in rows["imbalance_ratio"].rule
+    assert report.verdict != "PASS"
+    clear = {r.metric: r for r in decide(make_evidence(make_windows(imbalance=0.5)), FAST).rows}
+    assert clear["imbalance_ratio"].label == "shown"
+    assert "A/A imbalance ratio" in clear["noise_floor"].rule  # shown beside the others
+
+
+def test_an_aa_identical_to_the_incumbent_is_said_so():
+    windows = tuple(
+        dataclasses.replace(w, aa=dict(w.incumbent)) for w in make_windows(aa_noise=0.0)
+    )
+    rule = {r.metric: r for r in decide(make_evidence(windows), FAST).rows}["noise_floor"].rule
+    assert "equals the incumbent in every window" in rule
+    other = {r.metric: r for r in decide(make_evidence(), FAST).rows}["noise_floor"].rule
+    assert "equals the incumbent" not in other

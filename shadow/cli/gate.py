@@ -33,7 +33,7 @@ class ServiceGate:
     def _params(self, request: GateRequest) -> dict[str, Any]:
         overrides = _overrides(request)
         return {"candidate": request.candidate, "baseline": request.baseline,
-                "since": request.since, "until": request.until,
+                "since": request.since, "until": request.until, "horizon": request.horizon,
                 "thresholds": json.dumps(overrides) if overrides else None}  # fmt: skip
 
     def report(self, request: GateRequest) -> dict[str, Any]:
@@ -95,6 +95,13 @@ def gate(
     explain: Annotated[
         str | None, typer.Option(help="Show the bootstrap and rule evaluation of one metric.")
     ] = None,
+    horizon: Annotated[
+        int | None,
+        typer.Option(
+            help="H the calibration is scored at: the service's [balance_route] "
+            "horizon (default: its default, 80)."
+        ),
+    ] = None,
 ) -> None:
     """The promotion gate: PASS 0, FAIL 1, usage 2, INCONCLUSIVE 3, MARGINAL 4, ERROR 5."""
     from shadow.gate.command import gate_command
@@ -110,5 +117,6 @@ def gate(
         since=since, until=until, thresholds_path=thresholds, show_thresholds=show_thresholds,
         json_out=json_out, dry_run=dry_run, allow_marginal=allow_marginal, explain=explain,
         output_format=output_format.value if output_format else None, service=service,
+        horizon=horizon,
     )  # fmt: skip
     raise typer.Exit(code)

@@ -1,9 +1,10 @@
 """Reads the gate's evidence for one fleet and time range out of the service's database.
 
 Paired windows (the candidate's and the incumbent's replay of the same window, and the
-A/A replay), the decision audit (how many dispatches, the candidate's decision latency and
-invalid decisions), critical invariant violations, the candidate predictor's calibration
-on the fleet's completed requests, and the disagreements that say most.
+A/A replay), the decision audit (how many dispatches, the candidate's decision latency P99
+over the rounds it ran, its invalid decisions and the rounds that raised or timed out),
+critical invariant violations, the candidate predictor's calibration on the fleet's
+completed requests (prequential, at the configured H), and the disagreements that say most.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import numpy as np
 
 from shadow.gate.evidence import Evidence, WindowPair
 from shadow.gate.source import EvidenceSource
-from shadow.policies import NO_KEY, prompt_key_id
-from shadow.predict import ExactMatchPredictor, SurvivalPredictor, calibrate
+from shadow.policies import NO_KEY, BalanceRouteConfig, make_policy, prompt_key_id
+from shadow.predict import OraclePredictor, Predictor, prequential_calibrate
 from shadow.storage.queries import time_range
 from shadow.stream.windows import AA
 
-PREDICTED = {"brh-survival": SurvivalPredictor, "brh-exactmatch": ExactMatchPredictor}
+#: the candidate's own errors: a choice of a full worker, a round that raised or timed out
+CANDIDATE_ERRORS = ("invalid_shadow_decision", "shadow_decision_error")
 WINDOW_FIELDS = ("imbalance_mean", "throughput_tok_s", "tpot_p95_ms", "gap_mean",
                  "step_ms_mean", "steps")  # fmt: skip
 
@@ -45,7 +47,7 @@ def collect_evidence(
     baseline: str,
     since: float | None = None,
     until: float | None = None,
-    horizon: int = 80,
+    horizon: int | None = None,
     disagreements: int = 5,
 ) -> Evidence:
     window_clause, window_params = _range("t_start", since, until)
@@ -93,15 +95,16 @@ def collect_evidence(
         f"WHERE fleet = :fleet AND policy = :candidate AND latency_ms IS NOT NULL{ts_clause}",
         {**base, "candidate": candidate},
     )[0]
+    own = ", ".join(f"'{kind}'" for kind in CANDIDATE_ERRORS)
     critical = store.query(
         f"SELECT count(*) AS n FROM violations WHERE fleet = :fleet AND severity = 'critical' "
-        f"AND kind != 'invalid_shadow_decision'{ts_clause}",
+        f"AND kind NOT IN ({own}){ts_clause}",
         base,
     )[0]["n"]
     errors = store.query(
         f"SELECT count(*) AS n FROM violations WHERE fleet = :fleet "
-        f"AND kind = 'invalid_shadow_decision' AND detail LIKE :who{ts_clause}",
-        {**base, "who": f"{candidate} chose %"},
+        f"AND kind IN ({own}) AND (detail LIKE :chose OR detail LIKE :failed){ts_clause}",
+        {**base, "chose": f"{candidate} chose %", "failed": f"{candidate} failed deciding %"},
     )[0]["n"]
     step_values = [
         float(r["step_ms_mean"])
@@ -136,26 +139,38 @@ def collect_evidence(
     )
 
 
+def candidate_predictor(candidate: str) -> Predictor | None:
+    """A fresh copy of the predictor the candidate routes with (None: it predicts nothing,
+    or knows the truth, as the oracle does)."""
+    predictor = getattr(make_policy(candidate), "predictor", None)
+    if not isinstance(predictor, Predictor) or isinstance(predictor, OraclePredictor):
+        return None
+    return predictor
+
+
 def _calibration(
     store: EvidenceSource,
     fleet: str,
     candidate: str,
     since: float | None,
     until: float | None,
-    horizon: int,
+    horizon: int | None,
 ) -> float | None:
     """AUC of "finishes within H" for the candidate's predictor on the fleet's completed
-    requests (None when the candidate predicts nothing or knows the truth: the oracle)."""
-    predictor_type = PREDICTED.get(candidate)
-    if predictor_type is None:
+    requests in finish order, each scored before the predictor learns it (prequential),
+    at `horizon` (None: the configured BalanceRoute default H)."""
+    predictor = candidate_predictor(candidate)
+    if predictor is None:
         return None
+    if horizon is None:
+        horizon = BalanceRouteConfig().horizon
     clause, params = _range("f.ts", since, until)
     rows = store.query(
         f"SELECT f.output_tokens AS o, r.prompt_hash AS h FROM events f LEFT JOIN events r "
         f"ON r.fleet = f.fleet AND r.request_id = f.request_id AND r.type = 'ready' "
         f"WHERE f.fleet = :fleet AND f.type = 'finish' AND f.joined_to IS NULL "
         f"AND f.reason IN ('stop', 'length') "
-        f"AND f.output_tokens >= 1{clause}",
+        f"AND f.output_tokens >= 1{clause} ORDER BY f.ts, f.ingest_id",
         {"fleet": fleet, **params},
     )
     if len(rows) < 10:
@@ -165,20 +180,20 @@ def _calibration(
         [prompt_key_id(r["h"]) if r["h"] is not None else int(NO_KEY) for r in rows],
         dtype=np.int64,
     )
-    predictor = predictor_type()
-    predictor.observe_many(outputs, keys)
-    score = calibrate(predictor, outputs, keys, horizon=horizon).auc
+    score = prequential_calibrate(predictor, outputs, keys, horizon=horizon).auc
     return None if np.isnan(score) else float(score)
 
 
 def _disagreements(
     store: EvidenceSource, fleet: str, candidate: str, clause: str, params: dict, limit: int
 ) -> list[dict[str, Any]]:
-    """The candidate's disagreements that would have changed the gap the most."""
+    """The candidate's disagreements that would have changed the gap the most (a request
+    its round held back has no choice to compare)."""
     rows = store.query(
         f"SELECT ingest_id, ts, request_id, prompt_tokens, incumbent_worker, choice, "
         f"f_br0_incumbent, f_br0_choice, f_brh_incumbent, f_brh_choice, snapshot "
-        f"FROM decisions WHERE fleet = :fleet AND policy = :candidate AND NOT agrees"
+        f"FROM decisions WHERE fleet = :fleet AND policy = :candidate AND NOT agrees "
+        f"AND choice IS NOT NULL"
         f"{clause} ORDER BY (f_br0_choice - f_br0_incumbent) DESC, ingest_id LIMIT :limit",
         {**params, "candidate": candidate, "limit": limit},
     )

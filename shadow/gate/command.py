@@ -27,7 +27,7 @@ from shadow.gate.render import (
     title,
 )
 from shadow.gate.thresholds import Thresholds
-from shadow.policies import POLICY_NAMES
+from shadow.policies import policy_names
 
 ERROR_EXIT = 5
 USAGE_EXIT = 2
@@ -47,6 +47,8 @@ class GateRequest:
     until: float | None
     thresholds: Thresholds
     dry_run: bool
+    #: the calibration horizon H; None: BalanceRoute's default H (a service: its own H)
+    horizon: int | None = None
 
 
 class GateUnavailable(Exception):
@@ -93,13 +95,17 @@ def gate_command(
     explain: str | None,
     output_format: str | None = None,
     service: GateService | None = None,
+    horizon: int | None = None,
 ) -> int:
     """Run the gate and print it; the exit code of GATE.md. `output_format` None: the table
     on a terminal, the plain text layout elsewhere; `service`: ask it instead of `db`."""
     from shadow.gate.thresholds import load_thresholds
 
+    if horizon is not None and horizon < 0:
+        return _error(err_console, USAGE_EXIT, f"--horizon: must be >= 0, got {horizon}")
+    known = policy_names()  # now: a test or plug-in module may have registered more
     for name, value in (("--candidate", candidate), ("--baseline", baseline)):
-        if value not in POLICY_NAMES:
+        if value not in known:
             return _error(err_console, USAGE_EXIT, f"{name}: unknown policy {value!r}")
     try:
         thresholds = load_thresholds(thresholds_path) if thresholds_path else Thresholds()
@@ -108,7 +114,7 @@ def gate_command(
     if show_thresholds:
         console.out(thresholds.as_toml(), highlight=False, end="")
         return 0
-    request = GateRequest(fleet, candidate, baseline, since, until, thresholds, dry_run)
+    request = GateRequest(fleet, candidate, baseline, since, until, thresholds, dry_run, horizon)
     try:
         if explain is not None:
             text = (
@@ -187,6 +193,7 @@ def run_gate(store, request: GateRequest):
     evidence = collect_evidence(
         store, fleet=request.fleet, candidate=request.candidate, baseline=request.baseline,
         since=request.since, until=request.until,
+        horizon=request.horizon,
     )  # fmt: skip
     return decide(evidence, request.thresholds)
 

@@ -15,8 +15,9 @@ Rules (exact):
   low >= margin, FAIL when the CI high < margin, else it straddles (INCONCLUSIVE).
 - PRIMARY `tpot_p95_ratio` (`tpot_p95_ms`): pass when the CI high <= margin, FAIL when the
   CI low > margin, else it straddles (INCONCLUSIVE).
-- OBJECTIVE `imbalance_ratio` (`imbalance_mean`): shown when the CI high < margin, else
-  MARGINAL.
+- OBJECTIVE `imbalance_ratio` (`imbalance_mean`): shown when the CI high < margin and,
+  where the A/A imbalance interval is measured, below its low end too (an improvement the
+  incumbent's own tie-breaks could make is not shown); else MARGINAL.
 - GUARD `replay_fidelity`: over the windows where both fidelities are measured (not None,
   not NaN; an infinite one counts as out), a window is within tolerance when
   |fidelity_imbalance - 1| <= tol and |fidelity_step - 1| <= tol. It passes when at least
@@ -26,10 +27,11 @@ Rules (exact):
   the candidate.
 - GUARD `predictor_calibration`: AUC >= min; not applicable when the candidate has no
   predictor (AUC None); below the minimum (or NaN) is MARGINAL.
-- `noise_floor` (A/A): bootstrap CIs of aa / incumbent for throughput and TPOT P95. It is
-  wider than the margins when the A/A throughput CI low < the throughput margin or the
-  A/A TPOT CI high > the TPOT margin (each checked only for a PRIMARY that decides, i.e.
-  not dry run). Wider, or no A/A at all, is INCONCLUSIVE.
+- `noise_floor` (A/A): bootstrap CIs of aa / incumbent for throughput, TPOT P95 and
+  imbalance (the last is shown here and bounds the OBJECTIVE). It is wider than the
+  margins when the A/A throughput CI low < the throughput margin or the A/A TPOT CI high
+  > the TPOT margin (each checked only for a PRIMARY that decides, i.e. not dry run).
+  Wider, or no A/A at all, is INCONCLUSIVE.
 - `evidence`: windows >= `min_windows` and decisions >= `min_decisions`, else INCONCLUSIVE.
 
 Verdict order: ERROR (no windows, a baseline or candidate never replayed, or unreadable
@@ -136,21 +138,26 @@ def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateRepo
         )
     )
     add(*_latency_row(evidence, t))
+    for floor, key in (
+        ("noise_floor.throughput", "throughput_tok_s"),
+        ("noise_floor.tpot_p95", "tpot_p95_ms"),
+        ("noise_floor.imbalance", "imbalance_mean"),
+    ):
+        boot[floor] = _bootstrap(arrays.inc[key], arrays.aa[key], t)
     for metric, key in (
         ("throughput_ratio", "throughput_tok_s"),
         ("tpot_p95_ratio", "tpot_p95_ms"),
         ("imbalance_ratio", "imbalance_mean"),
     ):
         boot[metric] = _bootstrap(arrays.inc[key], arrays.cand[key], t)
-        add(*_ratio_row(metric, arrays.inc[key], arrays.cand[key], boot[metric], t))
+        add(
+            *_ratio_row(
+                metric, arrays.inc[key], arrays.cand[key], boot[metric], t,
+                boot["noise_floor.imbalance"],
+            )
+        )  # fmt: skip
     add(*_fidelity_row(arrays, t))
     add(*_calibration_row(evidence.calibration_auc, t))
-    boot["noise_floor.throughput"] = _bootstrap(
-        arrays.inc["throughput_tok_s"], arrays.aa["throughput_tok_s"], t
-    )
-    boot["noise_floor.tpot_p95"] = _bootstrap(
-        arrays.inc["tpot_p95_ms"], arrays.aa["tpot_p95_ms"], t
-    )
     add(*_noise_row(arrays, boot, t))
     add(*_evidence_row(evidence, t))
 
@@ -238,7 +245,12 @@ _RATIO_NAMES = {
 
 
 def _ratio_row(
-    metric: str, inc: np.ndarray, cand: np.ndarray, b: BootstrapResult, t: Thresholds
+    metric: str,
+    inc: np.ndarray,
+    cand: np.ndarray,
+    b: BootstrapResult,
+    t: Thresholds,
+    aa_imbalance: BootstrapResult | None = None,
 ) -> tuple[MetricRow, _Finding | None]:
     name = _RATIO_NAMES[metric]
     keep = np.isfinite(inc) & np.isfinite(cand)
@@ -280,12 +292,16 @@ def _ratio_row(
     else:
         m = t.imbalance_ratio_ci_high_max
         margin = f"CI high < {_m(m)}"
+        floor = aa_imbalance.ci_low if aa_imbalance is not None else math.nan
         if not measured:
             label, text = "not shown", f"{name} not measured (no window with both values)"
-        elif b.ci_high < m:
-            label, text = "shown", f"{shown} < {_m(m)}"
-        else:
+        elif b.ci_high >= m:
             label, text = "not shown", f"{shown} is not entirely below {_m(m)}"
+        elif not math.isnan(floor) and b.ci_high >= floor:
+            label = "not shown"
+            text = f"{shown} reaches the A/A noise floor (A/A low {fmt(floor)})"
+        else:
+            label, text = "shown", f"{shown} < {_m(m)}"
         if label != "shown":
             finding = _Finding(metric, "MARGINAL", f"OBJECTIVE {metric} not shown: {text}")
         role = "OBJECTIVE"
@@ -382,6 +398,7 @@ def _noise_row(
 ) -> tuple[MetricRow, _Finding | None]:
     metric = "noise_floor"
     thr, tpot = boot["noise_floor.throughput"], boot["noise_floor.tpot_p95"]
+    imbalance = boot["noise_floor.imbalance"]
     m_thr, m_tpot = t.throughput_ratio_ci_low_min, t.tpot_p95_ratio_ci_high_max
     margin = f"A/A throughput CI low >= {_m(m_thr)}, A/A TPOT P95 CI high <= {_m(m_tpot)}"
     n = int(np.sum(np.isfinite(a.aa["throughput_tok_s"]) | np.isfinite(a.aa["tpot_p95_ms"])))
@@ -404,6 +421,10 @@ def _noise_row(
     shown = [
         f"{name} {fmt(b.point)} [{fmt(b.ci_low)}, {fmt(b.ci_high)}]" for _, name, b, _, _ in checks
     ]
+    shown.append(
+        f"A/A imbalance ratio {fmt(imbalance.point)} "
+        f"[{fmt(imbalance.ci_low)}, {fmt(imbalance.ci_high)}]"
+    )
     deciding = [c for c in checks if c[0] not in t.dry_run]
     missing = [c[1] for c in deciding if math.isnan(c[2].ci_low) or math.isnan(c[2].ci_high)]
     wider = [
@@ -425,8 +446,24 @@ def _noise_row(
         finding = _Finding(metric, "INCONCLUSIVE", text)
     else:
         label, text = "within margins", ", ".join(shown) + ": within the margins"
+    if n and _aa_is_the_incumbent(a):
+        # A rule with no ties left to draw replays the same on relabelled workers: the
+        # floor is then the windows' bootstrap alone, and the reader should know it.
+        text += (
+            " (the A/A replay equals the incumbent in every window: a deterministic rule "
+            "without ties, so the floor is the bootstrap over windows alone)"
+        )
     row = MetricRow(metric, "NOISE", n, None, None, None, None, None, margin, label, text, False)
     return row, finding
+
+
+def _aa_is_the_incumbent(a: _Arrays) -> bool:
+    """Whether the A/A run reproduced the incumbent exactly wherever both were measured."""
+    for key in ("throughput_tok_s", "tpot_p95_ms", "imbalance_mean"):
+        both = np.isfinite(a.inc[key]) & np.isfinite(a.aa[key])
+        if not both.any() or not np.array_equal(a.inc[key][both], a.aa[key][both]):
+            return False
+    return True
 
 
 def _evidence_row(ev: Evidence, t: Thresholds) -> tuple[MetricRow, _Finding | None]:

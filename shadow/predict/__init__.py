@@ -1,6 +1,6 @@
 """Output-length predictors for BR-H (survival, exact match, oracle) and their calibration."""
 
-from shadow.predict.calibration import Calibration, calibrate, roc_auc
+from shadow.predict.calibration import Calibration, calibrate, prequential_calibrate, roc_auc
 from shadow.predict.predictors import (
     PREDICTORS,
     ExactMatchPredictor,
@@ -21,5 +21,6 @@ __all__ = [
     "SurvivalPredictor",
     "calibrate",
     "make_predictor",
+    "prequential_calibrate",
     "roc_auc",
 ]

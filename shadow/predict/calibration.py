@@ -49,24 +49,10 @@ def ages_of(output_tokens: np.ndarray, age_stride: int) -> tuple[np.ndarray, np.
     return rows, ages
 
 
-def calibrate(
-    predictor: Predictor,
-    output_tokens: np.ndarray,
-    prompt_keys: np.ndarray | None = None,
-    horizon: int = 80,
-    age_stride: int = 16,
-) -> Calibration:
-    """Score `predictor` on completed requests (their true output lengths and keys)."""
-    if age_stride < 1:
-        raise ValueError("age_stride must be >= 1")
-    outputs = np.asarray(output_tokens, dtype=np.int64)
-    if outputs.size and outputs.min() < 1:
-        raise ValueError("output_tokens must be >= 1")
-    keys = (
-        np.full(outputs.shape[0], NO_KEY, dtype=np.int64)
-        if prompt_keys is None
-        else np.asarray(prompt_keys, dtype=np.int64)
-    )
+def _scored(
+    predictor: Predictor, outputs: np.ndarray, keys: np.ndarray, horizon: int, age_stride: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per scored age: finishes within H, P(finish), predicted and true contribution."""
     rows, ages = ages_of(outputs, age_stride)
     remaining = outputs[rows] - ages
     active = ActiveSet.from_arrays(
@@ -77,13 +63,72 @@ def calibrate(
         remaining,
     )
     prediction = predictor.predict(active, horizon)
-    finishes = remaining <= horizon
     truth = np.minimum(remaining, horizon + 1)
-    mae = float(np.abs(prediction.contribution - truth).mean()) if truth.size else float("nan")
-    return Calibration(
-        predictor.name,
-        horizon,
-        roc_auc(finishes, prediction.finish_probability),
-        mae,
-        int(rows.shape[0]),
+    return remaining <= horizon, prediction.finish_probability, prediction.contribution, truth
+
+
+def _columns(
+    output_tokens: np.ndarray, prompt_keys: np.ndarray | None, age_stride: int
+) -> tuple[np.ndarray, np.ndarray]:
+    if age_stride < 1:
+        raise ValueError("age_stride must be >= 1")
+    outputs = np.asarray(output_tokens, dtype=np.int64)
+    if outputs.size and outputs.min() < 1:
+        raise ValueError("output_tokens must be >= 1")
+    keys = (
+        np.full(outputs.shape[0], NO_KEY, dtype=np.int64)
+        if prompt_keys is None
+        else np.asarray(prompt_keys, dtype=np.int64)
     )
+    return outputs, keys
+
+
+def _calibration(
+    name: str, horizon: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+) -> Calibration:
+    finishes, probability, contribution, truth = (
+        np.concatenate([p[i] for p in parts]) if parts else np.empty(0) for i in range(4)
+    )
+    mae = float(np.abs(contribution - truth).mean()) if truth.size else float("nan")
+    return Calibration(
+        name, horizon, roc_auc(finishes.astype(bool), probability), mae, int(truth.shape[0])
+    )
+
+
+def calibrate(
+    predictor: Predictor,
+    output_tokens: np.ndarray,
+    prompt_keys: np.ndarray | None = None,
+    horizon: int = 80,
+    age_stride: int = 16,
+) -> Calibration:
+    """Score `predictor` on completed requests (their true output lengths and keys)."""
+    outputs, keys = _columns(output_tokens, prompt_keys, age_stride)
+    return _calibration(
+        predictor.name, horizon, [_scored(predictor, outputs, keys, horizon, age_stride)]
+    )
+
+
+def prequential_calibrate(
+    predictor: Predictor,
+    output_tokens: np.ndarray,
+    prompt_keys: np.ndarray | None = None,
+    horizon: int = 80,
+    age_stride: int = 16,
+    chunk: int = 64,
+) -> Calibration:
+    """Score `predictor` as it is used: requests in completion order, each scored before
+    the predictor learns its outcome (it learns a chunk of `chunk` after scoring it).
+
+    In-sample scoring lets a predictor that memorises (ExactMatch) grade its own answers;
+    scored first, it is judged on what it knew when it was asked.
+    """
+    if chunk < 1:
+        raise ValueError("chunk must be >= 1")
+    outputs, keys = _columns(output_tokens, prompt_keys, age_stride)
+    parts = []
+    for start in range(0, outputs.shape[0], chunk):
+        part_outputs, part_keys = outputs[start : start + chunk], keys[start : start + chunk]
+        parts.append(_scored(predictor, part_outputs, part_keys, horizon, age_stride))
+        predictor.observe_many(part_outputs, part_keys)
+    return _calibration(predictor.name, horizon, parts)

@@ -112,15 +112,26 @@ def replay(
     initial: Sequence[InitialRequest] = (),
     progress: ProgressCallback | None = None,
     decide_on_arrival: bool = False,
+    capacity: Sequence[int] | None = None,
 ) -> ReplayResult:
     """Replay `workload` on a fleet of `workers` x `batch` slots under `policy`.
 
     By default the policy runs its round before each step (BALANCEROUTE.md). With
     `decide_on_arrival` a request arriving during a step is decided at once, on that
     step's state, as a live router does; it still first decodes in the next step.
+    `capacity` gives each worker its own slots (a window's fleet as observed: uneven B,
+    0 for a draining worker, which decodes what it holds and takes nothing new); without
+    it every worker has `batch`.
     """
     if workers < 1 or batch < 1:
         raise ValueError(f"workers and batch must be >= 1, got {workers} and {batch}")
+    slots = np.full(workers, batch, dtype=np.int64)
+    if capacity is not None:
+        slots = np.asarray(capacity, dtype=np.int64).ravel()
+        if slots.shape[0] != workers or (slots < 0).any():
+            raise ValueError(f"capacity needs {workers} values >= 0, got {list(slots)}")
+        if not slots.any() and len(workload):
+            raise ValueError("capacity: no worker takes requests, so the arrivals never run")
     model = step_model or StepModel()
     n_trace = len(workload)
     prompt = np.concatenate(
@@ -160,7 +171,7 @@ def replay(
     predictor = getattr(policy, "predictor", None)
     queued = policy.dispatches_on_arrival
     queues: list[deque[int]] = [deque() for _ in range(workers)]
-    capacity = np.full(workers, batch, dtype=np.int64)
+    capacity = slots
     worker_ids = tuple(range(workers))
     pool = np.empty(0, dtype=np.int64)
     arrived = 0
@@ -184,7 +195,7 @@ def replay(
         at its arrival time.
         """
         nonlocal pool
-        free = np.maximum(batch - fleet.count, 0)
+        free = np.maximum(capacity - fleet.count, 0)
         if not pool.size or not (queued or free.sum() > 0):
             return
         active = fleet.active
@@ -245,7 +256,7 @@ def replay(
         admission_round(step, None)
         if queued:
             for g in range(workers):
-                while queues[g] and fleet.count[g] < batch:
+                while queues[g] and fleet.count[g] < capacity[g]:
                     request = queues[g].popleft()
                     fleet.admit(request, g, step, now, int(prompt[request]), int(output[request]))
                     started.append(request)
@@ -263,7 +274,7 @@ def replay(
         block_durations = model.a_ms_per_token * block.max(axis=1) + model.b_ms
         ends = now + np.cumsum(block_durations)
         cut_by_arrival = False
-        if (fleet.count < batch).any() and arrived < n_trace:
+        if (fleet.count < capacity).any() and arrived < n_trace:
             # Stop at the first step boundary at or after the next arrival, so the next
             # admission round sees it.
             cut = int(np.searchsorted(ends, ready_ms[arrived], side="left"))

@@ -12,6 +12,7 @@ import duckdb
 from sqlalchemy.exc import DBAPIError
 
 from shadow.service.ingest.pipeline import Pipeline
+from shadow.service.plugins import import_policy_modules
 from shadow.service.settings import ServiceSettings
 from shadow.service.store import ServiceStore
 from shadow.service.workers import audit_worker, window_worker
@@ -58,6 +59,7 @@ class Runtime:
             if busy is not None:
                 raise busy from None
             raise
+        import_policy_modules(settings.policy_modules)
         config = settings.pipeline()
         #: worker pools by role (`audit`, `windows`)
         self._workers: dict[str, ProcessPoolExecutor] = {}
@@ -65,11 +67,14 @@ class Runtime:
         if settings.workers_processes:
             if config.audit_enabled:
                 audit_executor = audit_worker(
-                    config.audit, config.invariants, config.ghost_sweep_every_s
+                    config.audit,
+                    config.invariants,
+                    config.ghost_sweep_every_s,
+                    tuple(settings.policy_modules),
                 )
                 self._workers["audit"] = audit_executor
             if config.windows_enabled:
-                window_executor = window_worker()
+                window_executor = window_worker(tuple(settings.policy_modules))
                 self._workers["windows"] = window_executor
         self.pipeline = Pipeline(self.store, config, window_executor, audit_executor)
         self.rebuilt_events = self.pipeline.start()

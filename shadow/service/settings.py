@@ -36,10 +36,11 @@ from pydantic import (
 from pydantic_core import core_schema
 
 from shadow.modes.machine import ModeConfig
-from shadow.policies import POLICY_NAMES, BalanceRouteConfig
+from shadow.policies import BalanceRouteConfig, policy_names
 from shadow.replay.workload import StepModel
 from shadow.service.http.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
 from shadow.service.ingest.pipeline import Limits, PipelineConfig
+from shadow.service.plugins import import_policy_modules
 from shadow.stream.audit import AuditConfig
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.windows import WindowConfig
@@ -208,6 +209,9 @@ class ServiceSettings(BaseModel):
     demo_world: Literal["emulator", "vllm"] = "emulator"
     tokens: list[TokenSpec] = Field(default_factory=list)
     tokens_file: Path | None = None
+    #: modules imported (in the service and in its worker processes) for the policies they
+    #: register with `@register_policy`: plug-ins, or a test's own policies
+    policy_modules: list[str] = Field(default_factory=list)
     ingest: Section[PipelineConfig] = Field(default_factory=PipelineConfig)
     limits: Section[Limits] = Field(default_factory=Limits)
     audit: Section[AuditConfig] = Field(default_factory=AuditConfig)
@@ -227,15 +231,15 @@ class ServiceSettings(BaseModel):
                 "file or tokens_file, or set SHADOW_TOKENS_INGEST and SHADOW_TOKENS_OPERATOR "
                 "(see docs/RELIABILITY.md); or listen on 127.0.0.1"
             )
+        import_policy_modules(self.policy_modules)
         windows = self.windows
+        known = policy_names()
         unknown = [
             p for p in [*self.audit.policies, *windows.policies, windows.incumbent]
-            if p not in POLICY_NAMES
+            if p not in known
         ]  # fmt: skip
         if unknown:
-            raise ValueError(
-                f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICY_NAMES)}"
-            )
+            raise ValueError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(known)}")
 
     def mode_config(self) -> ModeConfig:
         return self.modes

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from shadow.service.interpreter import tune_interpreter
+from shadow.service.plugins import import_policy_modules
 from shadow.stream.audit import AuditConfig, start_worker
 from shadow.stream.invariants import InvariantConfig
 
@@ -36,34 +37,48 @@ def ignore_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _audit_init(config: AuditConfig, invariants: InvariantConfig | None, sweep: float) -> None:
+def _audit_init(
+    config: AuditConfig,
+    invariants: InvariantConfig | None,
+    sweep: float,
+    policy_modules: tuple[str, ...] = (),
+) -> None:
     exit_with_parent()
     ignore_stop_signals()
+    import_policy_modules(policy_modules)
     start_worker(config, invariants, sweep)
     tune_interpreter()
 
 
-def _window_init() -> None:
+def _window_init(policy_modules: tuple[str, ...] = ()) -> None:
     exit_with_parent()
     ignore_stop_signals()
+    import_policy_modules(policy_modules)
     tune_interpreter()
 
 
 def audit_worker(
-    config: AuditConfig, invariants: InvariantConfig | None = None, sweep_every_s: float = 5.0
+    config: AuditConfig,
+    invariants: InvariantConfig | None = None,
+    sweep_every_s: float = 5.0,
+    policy_modules: tuple[str, ...] = (),
 ) -> ProcessPoolExecutor:
     """One process holding the audit follower (its replica mirror persists across
-    batches); give it the pipeline's invariant settings so ghost sweeps match."""
+    batches); give it the pipeline's invariant settings so ghost sweeps match, and the
+    settings' `policy_modules` so it knows the policies they register."""
     return ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_audit_init,
-        initargs=(config, invariants, sweep_every_s),
+        initargs=(config, invariants, sweep_every_s, tuple(policy_modules)),
     )
 
 
-def window_worker() -> ProcessPoolExecutor:
+def window_worker(policy_modules: tuple[str, ...] = ()) -> ProcessPoolExecutor:
     """One process for window replays (pure functions of their specs)."""
     return ProcessPoolExecutor(
-        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_window_init
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_window_init,
+        initargs=(tuple(policy_modules),),
     )

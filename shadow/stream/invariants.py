@@ -27,6 +27,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "ghost": (WARNING, "an active request with no progress for the ghost TTL; slot released"),
     "engine_drift": (WARNING, "mirror active count differs from the engine's running count"),
     "invalid_shadow_decision": (CRITICAL, "a shadow policy chose a full or unknown worker"),
+    "shadow_decision_error": (CRITICAL, "a shadow policy raised or timed out on a round"),
 }
 
 
@@ -268,6 +269,18 @@ class InvariantChecker:
                 )
                 mirror.release_ghost(request)
         return found
+
+    def shadow_error(self, ts: float, policy: str, request_id: str, what: str) -> list[Violation]:
+        """A shadow policy's round that raised or timed out (the gate's candidate errors:
+        one per round, keyed by policy so two failing policies are both counted)."""
+        key = ("shadow_decision_error", policy, request_id)
+        if key in self._reported:
+            return []
+        self._reported.add(key)
+        self._request_incidents.append((ts, key))
+        kind = "shadow_decision_error"
+        detail = f"{policy} failed deciding {request_id}: {what}"
+        return [Violation(kind, KINDS[kind][0], self.fleet, None, request_id, ts, detail)]
 
     def shadow_decision(
         self, ts: float, policy: str, request_id: str, worker_id: str, free_slots: int

@@ -9,17 +9,26 @@ their observed times, on the calibrated step model. A window is evaluated once e
 request in it has finished, or after `max_lag_s` with the unfinished lengths imputed by
 the Survival predictor (the window is flagged).
 
+The window's fleet is the one at its start: a worker that is down is left out, a draining
+one decodes what it holds and takes nothing new, and each worker keeps its own B. Engine
+steps are keyed per worker (each engine counts its own); the observed fleet at a moment is
+each worker's step covering it. A policy round that raises is counted and answered with
+Round-Robin (`GuardedPolicy`), as live routing answers it. The A/A run is the incumbent
+with other tie-break draws on a relabelled fleet (workers in a shuffled order), so
+Round-Robin has a noise floor too; where that moves nothing (a rule without ties, such as
+BR-0), the arrivals are drawn again up to one step later, which moves only the round
+that first sees each request.
+
 Window metrics cover the steps that start inside the window. A window's replay holds
 only its own arrivals, so whatever runs past its end meets a lighter fleet than it really
 did; every metric is therefore measured inside the window, for the observed and the
 replayed run alike. A window whose dispatches landed mid-step (a live router decides on
 arrival) is replayed deciding on arrival; one whose dispatches fell on step boundaries (a
-recorded replay) round by round. TPOT is per request active in the window: the time
-between its first
-and last token inside the window over the tokens between them (requests with at least two
-tokens there). Pool wait is over the window's arrivals.
-`evaluate_window` is a pure function of a picklable `WindowSpec`, so it can run in a
-worker process off the ingest path.
+recorded replay) round by round. TPOT is per request that decoded in the window: the time
+between its first and last token inside the window over the tokens between them (requests
+with at least two tokens there; a request still waiting has none). Pool wait is over the
+window's arrivals. `evaluate_window` is a pure function of a picklable `WindowSpec`, so it
+can run in a worker process off the ingest path.
 """
 
 from __future__ import annotations
@@ -30,22 +39,28 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shadow.events import STEP_END_KINDS
-from shadow.policies import ActiveSet, BalanceRouteConfig, make_aa_policy, make_policy
+from shadow.policies import (
+    NO_KEY,
+    ActiveSet,
+    BalanceRouteConfig,
+    Policy,
+    make_aa_policy,
+    make_policy,
+)
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.replay import InitialRequest, replay
 from shadow.replay.workload import StepModel, Workload
+from shadow.stream.aa import jittered, relabelled
+from shadow.stream.guard import GuardedPolicy
 from shadow.stream.mirror import FleetMirror
 from shadow.stream.trajectory import Trajectory, bucket
-
-WINDOW_METRICS = (
-    "imbalance_mean",
-    "gap_mean",
-    "step_ms_mean",
-    "throughput_tok_s",
-    "tpot_p95_ms",
-    "pool_wait_p95_ms",
-    "steps",
+from shadow.stream.window_metrics import (  # WINDOW_METRICS: re-exported, as before
+    WINDOW_METRICS,  # noqa: F401
+    observed_window,
+    span_metrics,
+    tpot_inside,
 )
+
 OBSERVED = "observed"
 #: the incumbent replayed against itself with other tie-breaks (the A/A noise floor)
 AA = "aa"
@@ -84,11 +99,12 @@ class _Window:
     pool: list[str]
     arrivals: list[str] = field(default_factory=list)
     t_end: float | None = None
-    steps: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> worker -> kv
-    step_start: dict[int, float] = field(default_factory=dict)
-    step_duration: dict[int, float] = field(default_factory=dict)
-    step_running: dict[int, int] = field(default_factory=dict)
+    #: slots per worker at the start (0: draining)
+    capacity: tuple[int, ...] = ()
+    #: (worker index, its own step number) -> (start s, duration ms, kv tokens, running)
+    steps: dict[tuple[int, int], tuple[float, float, int, int]] = field(default_factory=dict)
     history: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    history_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     #: dispatches that landed exactly on a step boundary, and those in the middle of a step
     on_boundary: int = 0
     mid_step: int = 0
@@ -119,6 +135,10 @@ class WindowSpec:
     #: replay the window as its dispatches were observed: decided on arrival, mid-step
     decide_on_arrival: bool = False
     observed_trajectory: Trajectory | None = None
+    #: slots per worker (None: `batch` each); 0 for a draining worker
+    capacity: tuple[int, ...] | None = None
+    #: prompt keys of `history` (ExactMatch learns by key)
+    history_keys: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -135,37 +155,8 @@ class WindowResult:
     fidelity_step: float
     #: policy (and "observed") -> bucketed per-worker load path (the A/A run has none)
     trajectories: dict[str, Trajectory] = field(default_factory=dict)
-
-
-def _percentile(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else math.nan
-
-
-def _span_metrics(
-    starts: np.ndarray,
-    durations: np.ndarray,
-    loads: np.ndarray,
-    running: np.ndarray,
-    span_s: float,
-    tpot: np.ndarray,
-    wait: np.ndarray,
-) -> dict[str, float]:
-    if loads.size:
-        top, bottom = loads.max(axis=1), loads.min(axis=1)
-        imbalance = float((top - bottom).mean())
-        gap = float((loads.shape[1] * top - loads.sum(axis=1)).mean())
-        step = float(durations.mean())
-    else:
-        imbalance = gap = step = math.nan
-    return {
-        "imbalance_mean": imbalance,
-        "gap_mean": gap,
-        "step_ms_mean": step,
-        "throughput_tok_s": float(running.sum()) / span_s if span_s > 0 else math.nan,
-        "tpot_p95_ms": _percentile(tpot, 95),
-        "pool_wait_p95_ms": _percentile(wait, 95),
-        "steps": float(starts.shape[0]),
-    }
+    #: policy -> (rounds that raised, the first error) in this window's replay
+    errors: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 def evaluate_window(spec: WindowSpec) -> WindowResult:
@@ -176,34 +167,42 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
     if spec.observed_trajectory is not None:
         trajectories[OBSERVED] = spec.observed_trajectory
     trace_count = len(spec.arrivals)
-    runs = [(name, None) for name in spec.policies]
-    if spec.incumbent in spec.policies:
-        runs.append((AA, make_aa_policy(spec.incumbent, seed=spec.index + 1)))
-    for name, given in runs:
-        predictor = None
-        if name in ("brh-survival", "brh-exactmatch"):
-            predictor = make_policy(name).predictor  # type: ignore[attr-defined]
-            if spec.history.size:
-                predictor.observe_many(spec.history)
-        policy = given or make_policy(name, config=spec.balance_route, predictor=predictor)
+    capacity = spec.capacity if spec.capacity is not None else (spec.batch,) * spec.workers
+    errors: dict[str, tuple[int, str]] = {}
+
+    def run(
+        name: str,
+        policy: Policy,
+        initial: tuple[InitialRequest, ...],
+        slots: tuple[int, ...],
+        arrivals: Workload,
+    ) -> None:
+        """Replay one policy and measure it inside the window."""
+        predictor = getattr(policy, "predictor", None)
+        if predictor is not None and predictor.name != "oracle" and spec.history.size:
+            predictor.observe_many(spec.history, spec.history_keys)
+        guarded = GuardedPolicy(policy)
         result = replay(
-            spec.arrivals,
-            policy,
+            arrivals,
+            guarded,
             workers=spec.workers,
             batch=spec.batch,
             step_model=spec.step_model,
-            initial=spec.initial,
+            initial=initial,
             decide_on_arrival=spec.decide_on_arrival,
+            capacity=slots,
         )
+        if guarded.errors:
+            errors[name] = (guarded.errors, guarded.error)
         inside = result.step_start_ms < span_ms
         ends = result.step_end_ms[inside]
         last_step = ends.shape[0] - 1
         first = np.maximum(result.admit_step, 0)
         last = np.minimum(result.finish_step, last_step)
-        tpot = _tpot_inside(ends, first, last)
+        tpot = tpot_inside(ends, first, last)
         trace = np.arange(result.output_tokens.shape[0]) < trace_count
         wait = result.admit_ms[trace] - result.ready_ms[trace]
-        metrics[name] = _span_metrics(
+        metrics[name] = span_metrics(
             result.step_start_ms[inside],
             result.step_duration_ms[inside],
             result.worker_load[inside],
@@ -219,6 +218,21 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
                 result.worker_load[inside],
                 span_ms,
             )
+
+    for name in spec.policies:
+        run(name, make_policy(name, config=spec.balance_route), spec.initial, capacity,
+            spec.arrivals)  # fmt: skip
+    if spec.incumbent in spec.policies:
+        seed = spec.index + 1
+        moved, slots = relabelled(spec.initial, capacity, seed=seed)
+        run(AA, make_aa_policy(spec.incumbent, seed=seed), moved, slots, spec.arrivals)
+        if metrics[AA] == metrics[spec.incumbent]:
+            # nothing arbitrary left to draw (a rule without ties): draw the arrival
+            # times again within a step instead, a difference no router could act on
+            step = spec.observed.get("step_ms_mean", math.nan)
+            step_s = (step if step > 0 else spec.step_model.b_ms) / 1000.0
+            later = jittered(spec.arrivals, step_s, seed)
+            run(AA, make_aa_policy(spec.incumbent, seed=seed), moved, slots, later)
     incumbent = metrics.get(spec.incumbent)
     fidelity_imbalance = fidelity_step = math.nan
     if incumbent is not None:
@@ -236,16 +250,8 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         fidelity_imbalance,
         fidelity_step,
         trajectories,
+        errors,
     )
-
-
-def _tpot_inside(ends: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """Per request, mean ms per token between its first and last step inside the window
-    (`first`/`last` index `ends`; requests with fewer than two steps there are skipped)."""
-    keep = (last - first >= 1) & (first >= 0) & (last < ends.shape[0])
-    if not keep.any():
-        return np.empty(0)
-    return (ends[last[keep]] - ends[first[keep]]) / (last[keep] - first[keep])
 
 
 def _ratio(a: float, b: float) -> float:
@@ -269,7 +275,8 @@ class WindowTracker:
         self._has_steps = False
         self._last_step_end: float | None = None
         self._count = 0
-        self._history: list[int] = []
+        #: (output tokens, prompt key) of recent natural completions, oldest first
+        self._history: list[tuple[int, int]] = []
 
     # -- the applied stream ---------------------------------------------------------
 
@@ -303,25 +310,31 @@ class WindowTracker:
         if self.current is not None:
             self.current.t_end = t_start
         mirror = self.mirror
+        # The window's fleet: every worker but those down; a draining one takes nothing new.
+        fleet = [w for w in mirror.order if w.state != "down"]
+        position = {w.index: g for g, w in enumerate(fleet)}
         initial = []
-        for worker in mirror.order:
+        for worker in fleet:
             for request in worker.active.values():
-                initial.append((request.request_id, worker.index, request.generated()))
+                initial.append((request.request_id, position[worker.index], request.generated()))
                 self._track(request.request_id, request.prompt_tokens, request.prompt_key)
         pool = list(mirror.pool)
         for rid in pool:
             request = mirror.pool[rid]
             info = self._track(rid, request.prompt_tokens, request.prompt_key)
             info.ready_ts = request.ready_ts
-        capacities = [w.capacity for w in mirror.order]
+        capacity = tuple(max(0, w.capacity) if w.accepting else 0 for w in fleet)
+        recent = self._history[-self.config.history_limit :]
         window = _Window(
             self._count,
             t_start,
-            tuple(w.worker_id for w in mirror.order),
-            max(capacities, default=0),
+            tuple(w.worker_id for w in fleet),
+            max(capacity, default=0),
             initial,
             pool,
-            history=np.array(self._history[-self.config.history_limit :], dtype=np.int64),
+            capacity=capacity,
+            history=np.array([length for length, _ in recent], dtype=np.int64),
+            history_keys=np.array([key for _, key in recent], dtype=np.int64),
         )
         self.windows[window.index] = window
         self.current = window
@@ -360,13 +373,18 @@ class WindowTracker:
             info.finish_ts = ts
             info.output = output_tokens
         if natural:
-            self._history.append(output_tokens)
+            key = info.key if info is not None else self._key_of(request_id)
+            self._history.append((output_tokens, key))
             if len(self._history) > 2 * self.config.history_limit:
                 del self._history[: -self.config.history_limit]
 
+    def _key_of(self, request_id: str) -> int:
+        request = self.mirror.requests.get(request_id)
+        return int(request.prompt_key) if request is not None else int(NO_KEY)
+
     def completed_lengths(self) -> list[int]:
         """Output lengths of the fleet's recent natural completions (oldest first)."""
-        return list(self._history)
+        return [length for length, _ in self._history]
 
     def on_engine_step(
         self, ts: float, worker_id: str, step: int, duration_ms: float, running: int, kv: int
@@ -380,11 +398,9 @@ class WindowTracker:
             window = self.windows[window.index - 1]
         if worker_id not in window.workers:
             return
-        g = window.workers.index(worker_id)
-        window.steps.setdefault(step, {})[g] = kv
-        window.step_start.setdefault(step, start)
-        window.step_duration[step] = max(window.step_duration.get(step, 0.0), duration_ms)
-        window.step_running[step] = window.step_running.get(step, 0) + running
+        # keyed by the worker and its own step number: engines count steps apart (and
+        # from 0 again after a restart), so a step number alone names no fleet-wide step
+        window.steps[(window.workers.index(worker_id), step)] = (start, duration_ms, kv, running)
 
     # -- evaluation -----------------------------------------------------------------
 
@@ -395,7 +411,8 @@ class WindowTracker:
             if window.t_end is None:
                 continue
             if not window.workers or not window.batch or not window.request_ids():
-                self.discard(index)  # nothing ran: no sample to compare
+                # nothing ran, or no worker took requests: no sample to compare
+                self.discard(index)
                 continue
             done = all(
                 self.requests[rid].output is not None
@@ -462,6 +479,8 @@ class WindowTracker:
             imputed,
             decide_on_arrival=window.mid_step > window.on_boundary,
             observed_trajectory=observed_path,
+            capacity=window.capacity,
+            history_keys=window.history_keys,
         )
 
     def close(self, t_end: float) -> None:
@@ -484,38 +503,7 @@ class WindowTracker:
 
     def _observed(self, window: _Window) -> tuple[dict[str, float], Trajectory]:
         assert window.t_end is not None
-        steps = sorted(s for s in window.steps if window.step_start[s] >= window.t_start - 1e-9)
-        workers = len(window.workers)
-        loads = np.zeros((len(steps), workers), dtype=np.int64)
-        for row, step in enumerate(steps):
-            for g, kv in window.steps[step].items():
-                loads[row, g] = kv
-        running = np.array([window.step_running[s] for s in steps], dtype=np.int64)
-        keep = running > 0  # steps with no active request are not steps
-        starts = np.array([window.step_start[s] for s in steps])
-        ends = starts + np.array([window.step_duration[s] for s in steps]) / 1000.0
-        firsts, lasts, wait = [], [], []
-        for rid in window.request_ids():
-            info = self.requests.get(rid)
-            if info is None:
-                continue
-            dispatched = -np.inf if info.dispatch_ts is None else info.dispatch_ts
-            finished = np.inf if info.finish_ts is None else info.finish_ts
-            firsts.append(np.searchsorted(starts, dispatched - 1e-9, side="left"))
-            lasts.append(np.searchsorted(ends, finished + 1e-9, side="right") - 1)
-        for rid in window.pool + window.arrivals:
-            info = self.requests.get(rid)
-            if info is not None and info.dispatch_ts is not None and info.ready_ts is not None:
-                wait.append((info.dispatch_ts - max(info.ready_ts, window.t_start)) * 1000.0)
-        tpot = _tpot_inside(ends * 1000.0, np.array(firsts, dtype=np.int64),
-                            np.array(lasts, dtype=np.int64))  # fmt: skip
-        durations = np.array([window.step_duration[s] for s in steps])
-        span_s = window.t_end - window.t_start
-        metrics = _span_metrics(
-            starts[keep], durations[keep], loads[keep], running[keep], span_s, tpot,
-            np.array(wait),
+        return observed_window(
+            window.steps, window.t_start, window.t_end, len(window.workers),
+            window.request_ids(), window.pool + window.arrivals, self.requests,
         )  # fmt: skip
-        path = bucket(
-            (starts[keep] - window.t_start) * 1000.0, durations[keep], loads[keep], span_s * 1000.0
-        )
-        return metrics, path

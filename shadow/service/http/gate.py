@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field
 from shadow.gate.command import GateRequest, judge_and_record, run_gate
 from shadow.gate.report import explain as explain_metric
 from shadow.gate.thresholds import Thresholds, ThresholdsError, thresholds_from_mapping
-from shadow.policies import POLICY_NAMES
+from shadow.policies import policy_names
 from shadow.service.http.gate_schema import GateExplanation, report_responses
 from shadow.service.http.responses import PAGE_MAX, invalid, rows_json
-from shadow.service.http.state import Store
+from shadow.service.http.state import State, Store
 from shadow.storage import queries
 
 router = APIRouter()
@@ -43,6 +43,7 @@ class GateRunBody(BaseModel):
         None, description="threshold overrides (the keys of `shadow gate --show-thresholds`)"
     )
     dry_run: bool = Field(False, description="recorded as a dry run: never changes a mode")
+    horizon: int | None = Field(None, description="calibration horizon H (default: the service's)")
 
 
 class FlaggerPayload(BaseModel):
@@ -60,15 +61,24 @@ Baseline = Annotated[str, Query(description="the incumbent")]
 Since = Annotated[float | None, Query(description="evidence from this time (Unix s)")]
 Until = Annotated[float | None, Query(description="evidence before this time (Unix s)")]
 ThresholdsQuery = Annotated[str | None, Query(description="threshold overrides as a JSON object")]
+HorizonQuery = Annotated[
+    int | None, Query(description="calibration horizon H (default: the service's own H)")
+]
+
+
+def _horizon(state: State, asked: int | None) -> int:
+    return state.settings.balance_route.horizon if asked is None else asked
 
 
 def _request(
     fleet: str, candidate: str, baseline: str, since: float | None, until: float | None,
-    thresholds: dict[str, Any] | str | None, dry_run: bool, where: str,
+    thresholds: dict[str, Any] | str | None, dry_run: bool, where: str, horizon: int,
 ) -> GateRequest:  # fmt: skip
-    """The run asked for, or a 422 naming the field and the problem."""
+    """The run asked for, or a 422 naming the field and the problem. `horizon`: the
+    calibration H (the request's, else the service's `[balance_route]` H)."""
+    known = policy_names()  # now: a policy module may have registered more
     for name, value in (("candidate", candidate), ("baseline", baseline)):
-        if value not in POLICY_NAMES:
+        if value not in known:
             raise invalid([where, name], f"{name}: unknown policy {value!r}")
     if isinstance(thresholds, str):
         try:
@@ -81,7 +91,9 @@ def _request(
         chosen = thresholds_from_mapping(thresholds) if thresholds else Thresholds()
     except (ThresholdsError, TypeError) as error:
         raise invalid([where, "thresholds"], f"thresholds: {error}") from None
-    return GateRequest(fleet, candidate, baseline, since, until, chosen, dry_run)
+    if horizon < 0:
+        raise invalid([where, "horizon"], f"horizon: must be >= 0, got {horizon}")
+    return GateRequest(fleet, candidate, baseline, since, until, chosen, dry_run, horizon)
 
 
 def _run(store: Store, request: GateRequest) -> dict[str, Any]:
@@ -93,29 +105,32 @@ def _run(store: Store, request: GateRequest) -> dict[str, Any]:
 
 @router.get("/v1/fleets/{fleet}/gate", responses=report_responses(200))
 def gate_now(
-    fleet: str, store: Store, candidate: Candidate, baseline: Baseline = "jsq",
+    fleet: str, store: Store, state: State, candidate: Candidate, baseline: Baseline = "jsq",
     since: Since = None, until: Until = None, thresholds: ThresholdsQuery = None,
+    horizon: HorizonQuery = None,
 ) -> JSONResponse:  # fmt: skip
     """Run the gate on the service's live evidence now, recorded as a dry run (it never
     changes a mode, so the `read` role may ask). 200 with the report whatever the verdict:
     the verdict is in the body (`verdict`, `exit_code`)."""
-    request = _request(fleet, candidate, baseline, since, until, thresholds, True, "query")
+    request = _request(fleet, candidate, baseline, since, until, thresholds, True, "query",
+                       _horizon(state, horizon))  # fmt: skip
     return JSONResponse(_run(store, request))
 
 
 @router.post("/v1/fleets/{fleet}/gate", responses=report_responses(200))
-def gate_record(fleet: str, body: GateRunBody, store: Store) -> JSONResponse:
+def gate_record(fleet: str, body: GateRunBody, store: Store, state: State) -> JSONResponse:
     """Run the gate on the live evidence and record it (`operator`): a FAIL is remembered on
     the fleet's mode and promoting anyway is refused. 200 with the report whatever the
     verdict."""
     request = _request(fleet, body.candidate, body.baseline, body.since, body.until,
-                       body.thresholds, body.dry_run, "body")  # fmt: skip
+                       body.thresholds, body.dry_run, "body",
+                       _horizon(state, body.horizon))  # fmt: skip
     return JSONResponse(_run(store, request))
 
 
 @router.post("/v1/fleets/{fleet}/gate/flagger", responses=report_responses(200, 412))
 def gate_flagger(
-    fleet: str, store: Store, payload: FlaggerPayload | None = None,
+    fleet: str, store: Store, state: State, payload: FlaggerPayload | None = None,
     candidate: Annotated[str | None, Query(description="the policy to promote")] = None,
     baseline: Baseline = "jsq",
 ) -> JSONResponse:  # fmt: skip
@@ -126,19 +141,21 @@ def gate_flagger(
     if chosen is None:
         raise invalid(["query", "candidate"], "candidate: required (query or metadata)")
     request = _request(fleet, chosen, metadata.get("baseline", baseline), None, None, None,
-                       True, "query")  # fmt: skip
+                       True, "query", _horizon(state, None))  # fmt: skip
     report = _run(store, request)
     return JSONResponse(report, status_code=200 if report["verdict"] == "PASS" else 412)
 
 
 @router.get("/v1/fleets/{fleet}/gate/explain", response_model=GateExplanation)
 def gate_explain(
-    fleet: str, store: Store, metric: str, candidate: Candidate, baseline: Baseline = "jsq",
-    since: Since = None, until: Until = None, thresholds: ThresholdsQuery = None,
+    fleet: str, store: Store, state: State, metric: str, candidate: Candidate,
+    baseline: Baseline = "jsq", since: Since = None, until: Until = None,
+    thresholds: ThresholdsQuery = None, horizon: HorizonQuery = None,
 ) -> dict[str, str]:  # fmt: skip
     """`shadow gate --explain METRIC`: one rule's evaluation and its bootstrap (nothing is
     recorded)."""
-    request = _request(fleet, candidate, baseline, since, until, thresholds, True, "query")
+    request = _request(fleet, candidate, baseline, since, until, thresholds, True, "query",
+                       _horizon(state, horizon))  # fmt: skip
     try:
         text = explain_metric(run_gate(store, request), metric)
     except ValueError as error:
@@ -173,10 +190,11 @@ def gate_run(run_id: int, store: Store) -> dict[str, Any]:
 
 
 @router.post("/v1/fleets/{fleet}/gate/dry-run")
-def gate_dry_run(fleet: str, body: DryRunBody, store: Store) -> dict[str, Any]:
+def gate_dry_run(fleet: str, body: DryRunBody, store: Store, state: State) -> dict[str, Any]:
     """Run the gate on the service's own evidence now; recorded as a dry run (it never
-    changes a mode). The UI's button; `GET /v1/fleets/{fleet}/gate` is the same for `read`."""
+    changes a mode). The UI's button; `GET /v1/fleets/{fleet}/gate` is the same for `read`.
+    Calibration is scored at the service's own `[balance_route]` H."""
     request = _request(fleet, body.candidate, body.baseline, body.since, body.until, None,
-                       True, "body")  # fmt: skip
+                       True, "body", state.settings.balance_route.horizon)  # fmt: skip
     report, run_id = judge_and_record(store, request)
     return {**report, "id": run_id, "ts": time.time()}

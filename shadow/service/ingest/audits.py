@@ -87,7 +87,8 @@ class AuditHandoff:
         self, wait: bool = False
     ) -> tuple[list[tuple[int, Decision]], list[tuple[int, Violation]]]:
         """The decisions audited so far (all in flight with `wait`), and the violations
-        of shadow choices of a worker with no room."""
+        of shadow choices of a worker with no room and of shadow rounds that raised or
+        timed out."""
         outcomes, self._done = self._done, []
         while self._pending and (wait or self._pending[0][1].done()):
             outcomes.extend(self._pending.pop(0)[1].result())
@@ -104,6 +105,14 @@ class AuditHandoff:
                         outcome.decisions[0].request_id,
                         worker,
                         free,
+                    )
+                    violations.extend((outcome.ingest_id, v) for v in made)
+            if outcome.errors:
+                checker = self._fleet(outcome.fleet).checker
+                first = outcome.decisions[0] if outcome.decisions else None
+                for policy, what in outcome.errors:
+                    made = checker.shadow_error(
+                        first.ts if first else 0.0, policy, first.request_id if first else "", what
                     )
                     violations.extend((outcome.ingest_id, v) for v in made)
         return decisions, violations

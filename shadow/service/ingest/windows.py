@@ -47,10 +47,12 @@ class WindowScheduler:
         if not samples:
             return self.config.default_step_model, False
         array = np.array(samples, dtype=np.float64)
-        steps = array[:, 0].astype(np.int64)
-        order = np.argsort(steps, kind="stable")
-        steps, array = steps[order], array[order]
-        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        # One fleet step is the worker steps that start together (a barrier), found by
+        # start time: each engine numbers its own steps, so numbers name no fleet step.
+        begin = array[:, 3] - array[:, 2] / 1000.0
+        order = np.argsort(begin, kind="stable")
+        begin, array = begin[order], array[order]
+        starts = np.flatnonzero(np.r_[True, np.diff(begin) > 1e-6])
         max_kv = np.maximum.reduceat(array[:, 1], starts)
         duration = np.maximum.reduceat(array[:, 2], starts)
         ts = np.maximum.reduceat(array[:, 3], starts)
@@ -117,6 +119,12 @@ class WindowScheduler:
         log.exception("fleet %s: window %d could not be replayed", state.fleet, index)
 
     def _store(self, state: FleetState, result: WindowResult, fitted: bool) -> None:
+        for policy, (count, first) in result.errors.items():
+            # counted as the gate's candidate errors by the audit; here the replay went on
+            log.warning(
+                "fleet %s: window %d: %s raised in %d rounds (answered with Round-Robin): %s",
+                state.fleet, result.index, policy, count, first,
+            )  # fmt: skip
         self.store.save_window(result, fitted)
         state.stored_windows.add(result.index)
         self.windows_evaluated += 1

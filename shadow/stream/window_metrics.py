@@ -1,0 +1,130 @@
+"""The window metrics (one list), measured the same way on a replay and on what the
+fleet did: `span_metrics` over the steps that start inside a window, `tpot_inside` per
+request that decoded there, and `observed_window`, which reads the observed fleet's steps
+(keyed per worker, lined up by time) into those metrics and a trajectory."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shadow.stream.trajectory import Trajectory, bucket
+
+WINDOW_METRICS = (
+    "imbalance_mean",
+    "gap_mean",
+    "step_ms_mean",
+    "throughput_tok_s",
+    "tpot_p95_ms",
+    "pool_wait_p95_ms",
+    "steps",
+)
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+def span_metrics(
+    starts: np.ndarray,
+    durations: np.ndarray,
+    loads: np.ndarray,
+    running: np.ndarray,
+    span_s: float,
+    tpot: np.ndarray,
+    wait: np.ndarray,
+) -> dict[str, float]:
+    if loads.size:
+        top, bottom = loads.max(axis=1), loads.min(axis=1)
+        imbalance = float((top - bottom).mean())
+        gap = float((loads.shape[1] * top - loads.sum(axis=1)).mean())
+        step = float(durations.mean())
+    else:
+        imbalance = gap = step = math.nan
+    return {
+        "imbalance_mean": imbalance,
+        "gap_mean": gap,
+        "step_ms_mean": step,
+        "throughput_tok_s": float(running.sum()) / span_s if span_s > 0 else math.nan,
+        "tpot_p95_ms": _percentile(tpot, 95),
+        "pool_wait_p95_ms": _percentile(wait, 95),
+        "steps": float(starts.shape[0]),
+    }
+
+
+def tpot_inside(ends: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Per request, mean ms per token between its first and last step inside the window
+    (`first`/`last` index `ends`; requests with fewer than two steps there are skipped)."""
+    keep = (last - first >= 1) & (first >= 0) & (last < ends.shape[0])
+    if not keep.any():
+        return np.empty(0)
+    return (ends[last[keep]] - ends[first[keep]]) / (last[keep] - first[keep])
+
+
+def observed_window(
+    steps: Mapping[tuple[int, int], tuple[float, float, int, int]],
+    t_start: float,
+    t_end: float,
+    workers: int,
+    request_ids: Sequence[str],
+    queued: Sequence[str],
+    requests: Mapping[str, Any],
+) -> tuple[dict[str, float], Trajectory]:
+    """What the fleet did in the window. A row is a moment some worker started a step
+    (workers stepping together share one); its load per worker is the kv of that worker's
+    step covering the moment (0: idle), its tokens the running of the steps that start
+    there. `steps` is keyed (worker, its own step number); `queued` are the requests that
+    were waiting at the start or arrived (a TPOT only once dispatched)."""
+    held = sorted(
+        (start, g, duration, kv, running)
+        for (g, _), (start, duration, kv, running) in steps.items()
+        if start >= t_start - 1e-9
+    )
+    starts_list: list[float] = []
+    groups: list[list[tuple[float, int, float, int, int]]] = []
+    for entry in held:
+        if starts_list and entry[0] - starts_list[-1] <= 1e-6:
+            groups[-1].append(entry)
+        else:
+            starts_list.append(entry[0])
+            groups.append([entry])
+    starts = np.array(starts_list)
+    durations = np.array([max(e[2] for e in group) for group in groups])
+    running = np.array([sum(e[4] for e in group) for group in groups], dtype=np.int64)
+    loads = np.zeros((len(groups), workers), dtype=np.int64)
+    covering: dict[int, tuple[float, int]] = {}  # worker -> (its step's end, kv)
+    for row, group in enumerate(groups):
+        for start, g, duration, kv, _ in group:
+            covering[g] = (start + duration / 1000.0, kv)
+        for g, (end, kv) in covering.items():
+            if end > starts[row] + 1e-9:
+                loads[row, g] = kv
+    keep = running > 0  # steps with no active request are not steps
+    ends = starts + durations / 1000.0
+    firsts, lasts, wait = [], [], []
+    started = set(queued)
+    for rid in request_ids:
+        info = requests.get(rid)
+        if info is None or (rid in started and info.dispatch_ts is None):
+            continue  # never dispatched: it decoded nothing, so it has no TPOT
+        dispatched = -np.inf if info.dispatch_ts is None else info.dispatch_ts
+        finished = np.inf if info.finish_ts is None else info.finish_ts
+        firsts.append(np.searchsorted(starts, dispatched - 1e-9, side="left"))
+        lasts.append(np.searchsorted(ends, finished + 1e-9, side="right") - 1)
+    for rid in queued:
+        info = requests.get(rid)
+        if info is not None and info.dispatch_ts is not None and info.ready_ts is not None:
+            wait.append((info.dispatch_ts - max(info.ready_ts, t_start)) * 1000.0)
+    tpot = tpot_inside(
+        ends * 1000.0, np.array(firsts, dtype=np.int64), np.array(lasts, dtype=np.int64)
+    )
+    span_s = t_end - t_start
+    metrics = span_metrics(
+        starts[keep], durations[keep], loads[keep], running[keep], span_s, tpot,
+        np.array(wait),
+    )  # fmt: skip
+    path = bucket((starts[keep] - t_start) * 1000.0, durations[keep], loads[keep], span_s * 1000.0)
+    return metrics, path
