@@ -60,5 +60,6 @@ def db_archive(
     moved = ", ".join(f"{t} {n}" for t, n in sorted(result.rows.items())) or "nothing"
     console.print(
         f"{db}: moved {moved} rows before {day} into {result.files} files under {root} "
-        f"({sum(result.bytes.values())} bytes)"
+        f"({sum(result.bytes.values())} bytes)",
+        soft_wrap=True,
     )

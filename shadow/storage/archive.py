@@ -188,11 +188,12 @@ def write_chunk(
     start = math.floor(oldest / DAY_S) * DAY_S
     end = min(start + DAY_S, before)
     in_day = f"ts >= {_number(start)} AND ts < {_number(end)}{keep}"
-    last = duck.execute(
-        f"SELECT max(k) FROM (SELECT {table.key} AS k FROM {table.name} WHERE {in_day} "
-        f"ORDER BY {table.key} LIMIT {int(chunk_rows)})"
-    ).fetchone()[0]
-    condition = f"{in_day} AND {table.key} <= {_number(last)}"
+    first, last = duck.execute(
+        f"SELECT min(k), max(k) FROM (SELECT {table.key} AS k FROM {table.name} "
+        f"WHERE {in_day} ORDER BY {table.key} LIMIT {int(chunk_rows)})"
+    ).fetchone()
+    # both ends of the key: DuckDB's zone maps skip the row groups outside them
+    condition = f"{in_day} AND {table.key} BETWEEN {_number(first)} AND {_number(last)}"
     rows, ts_min, ts_max = duck.execute(
         f"SELECT count(*), min(ts), max(ts) FROM {table.name} WHERE {condition}"
     ).fetchone()
