@@ -181,6 +181,20 @@ def test_retention_moves_the_older_day_while_ingest_goes_on(tmp_path):
     finally:
         server.stop()
 
+    # after a restart, the archived day's events sent again are duplicates (their seqs
+    # are remembered, not their rows), and the day still answers the same
+    server = Server(db, config).start()
+    try:
+        with httpx.Client(timeout=60) as client:
+            resent = post(client, server.url, _bodies(day_a)[1])
+            assert resent["accepted"] == 0 and resent["duplicates"] == BATCH_LINES
+            _settle(client, server.url)
+            restarted = _answers(client, server.url, *a_range)
+    finally:
+        server.stop()
+    for key in before:
+        assert restarted[key] == before[key], key
+
     during = [seconds for started, seconds in waits if run_start <= started <= run_end]
     print(
         f"archived {result['rows']} rows in {result['files']} files, {run_end - run_start:.2f} s; "
@@ -398,3 +412,34 @@ def test_shadow_db_archive(tmp_path):
     moved = f"moved engine_samples {ROWS}, events {ROWS - ROWS // 100}, violations {ROWS} rows"
     assert moved in done.output
     assert _on_disk(archive_root(db), "violations") == ROWS
+
+
+def test_with_retention_days_the_service_archives_on_schedule(tmp_path):
+    """`[storage] retention_days = 1`: a day that ended over a day ago moves by itself,
+    its deletes on the group committer; yesterday and today stay."""
+    from shadow.service.ingest.committer import GroupCommitter
+    from shadow.service.retention import Retention
+    from shadow.storage.archive import DAY_S, RetentionConfig
+
+    store = ServiceStore(tmp_path / "scheduled.duckdb")
+    today = retention_cutoff(0)
+    with store.engine.begin() as conn:
+        duck_connection(conn).execute(
+            "INSERT INTO violations SELECT i, 'default', 'ghost', 'warning', 'w0', 'r' || i, "
+            f"{today - 3 * DAY_S} + i * {DAY_S / 100}, 'x' FROM range(400) t(i)"
+        )  # 100 rows on each of the days 3, 2 and 1 before today, and 100 today
+    committer = GroupCommitter(store.commit)
+    retention = Retention(store, committer, RetentionConfig(retention_days=1, chunk_rows=100))
+    retention.start()
+    deadline = time.monotonic() + 30
+    while retention.runs == 0 and retention.failures == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    retention.close()
+    committer.close()
+    assert retention.failures == 0 and retention.runs == 1
+    assert retention.last is not None and retention.last.rows == {"violations": 200}
+    assert len(retention.last.days) == 2
+    live = store.query("SELECT min(ts) AS t0, count(*) AS n FROM violations")[0]
+    assert live["n"] == 200 and live["t0"] >= today - DAY_S
+    assert _through_union(store, "violations") == (400, 400)
+    store.close()

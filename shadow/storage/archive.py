@@ -74,6 +74,13 @@ TABLES = (
 TABLE_NAMES = tuple(t.name for t in TABLES)
 
 
+#: `ingest_state` name prefix of the highest seq archived per (fleet, source): a restart's
+#: de-duplication memory counts every seq up to it as seen (`ServiceStore.recent_seqs`)
+ARCHIVED_SEQ = "archived_seq:"
+#: the tables whose rows carry the seqs of their sources
+SEQ_TABLES = frozenset({"events", "engine_steps"})
+
+
 class ArchiveMismatch(RuntimeError):
     """The rows a delete would remove are not those written to the file (a row arrived
     in the chunk's range in between); nothing was deleted and the file is dropped."""
@@ -219,6 +226,8 @@ def write_chunk(
 def commit_chunk(duck: duckdb.DuckDBPyConnection, chunk: Chunk, db_dir: Path) -> None:
     """In the caller's transaction: delete the chunk's rows and list its file. Raises
     `ArchiveMismatch` (the caller rolls back) when the rows are not those written."""
+    if chunk.table in SEQ_TABLES:
+        _raise_archived_seqs(duck, chunk)
     deleted = duck.execute(f"DELETE FROM {chunk.table} WHERE {chunk.condition}").fetchone()[0]
     if deleted != chunk.rows:
         raise ArchiveMismatch(
@@ -231,6 +240,17 @@ def commit_chunk(duck: duckdb.DuckDBPyConnection, chunk: Chunk, db_dir: Path) ->
          "rows": chunk.rows, "bytes": chunk.bytes, "t0": chunk.ts_min, "t1": chunk.ts_max,
          "at": time.time()},
     )  # fmt: skip
+
+
+def _raise_archived_seqs(duck: duckdb.DuckDBPyConnection, chunk: Chunk) -> None:
+    """Keep, per (fleet, source), the highest seq among archived rows: without the rows a
+    restart could not tell a resent old event from a new one."""
+    duck.execute(
+        "INSERT INTO ingest_state SELECT "
+        f"{_literal(ARCHIVED_SEQ)} || fleet || ':' || source, max(seq) FROM {chunk.table} "
+        f"WHERE {chunk.condition} AND seq IS NOT NULL GROUP BY fleet, source "
+        "ON CONFLICT (name) DO UPDATE SET value = greatest(value, excluded.value)"
+    )
 
 
 def _archive_files(root: Path) -> Iterator[Path]:
