@@ -139,3 +139,39 @@ def test_progress_log_folds_into_latest_and_readers_see_both(tmp_path):
         assert store.query("SELECT generated FROM progress_latest") == [{"generated": 9}]
     finally:
         store.close()
+
+
+def test_a_writer_task_runs_between_the_batches_around_it_and_fails_alone():
+    """Retention's deletes: a task queued between batches never joins or splits a group
+    (the batches before it commit first, those after it next), and its failure is its
+    caller's, not the ingest's."""
+    recorder = Recorder()
+    committer = GroupCommitter(recorder)
+    recorder.gate.clear()
+    first = committer.submit(_batch(1, 10), 2, [], [], 1)
+    assert recorder.entered.wait(5)
+    before = committer.submit(_batch(2, 20), 3, [], [], 2)
+    seen: list[int] = []
+    task = threading.Thread(target=committer.run_between, args=(lambda: seen.append(
+        len(recorder.calls)),))  # fmt: skip
+    task.start()
+    while committer._queue.qsize() < 2:  # the task is queued behind the second batch
+        threading.Event().wait(0.01)
+    after = committer.submit(_batch(3, 30), 4, [], [], 3)
+    recorder.gate.set()
+    for job in (first, before, after):
+        job.wait()
+    task.join()
+    assert seen == [2]  # after the first two transactions, before the third
+    assert [call[0] for call in recorder.calls] == [[(1,)], [(2,)], [(3,)]]
+
+    def broken() -> None:
+        raise OSError("cannot write the archive")
+
+    with pytest.raises(OSError, match="cannot write the archive"):
+        committer.run_between(broken)
+    committer.submit(_batch(4, 40), 5, [], [], 4).wait()  # ingest goes on
+    assert committer.failed is None
+    committer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        committer.run_between(lambda: None)

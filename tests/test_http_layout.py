@@ -36,6 +36,7 @@ PATHS = {
     "/v1/replays": ["get"],
     "/v1/replays/{run_id}": ["get"],
     "/v1/route": ["post"],
+    "/v1/storage/archive": ["post"],
     "/v1/sweeps": ["get"],
     "/v1/sweeps/{sweep}/heatmap": ["get"],
 }

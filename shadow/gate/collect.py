@@ -18,7 +18,7 @@ from shadow.gate.evidence import Evidence, WindowPair
 from shadow.gate.source import EvidenceSource
 from shadow.policies import NO_KEY, BalanceRouteConfig, make_policy, prompt_key_id
 from shadow.predict import OraclePredictor, Predictor, prequential_calibrate
-from shadow.storage.queries import time_range
+from shadow.storage.queries import source, time_range
 from shadow.stream.windows import AA
 
 #: the candidate's own errors: a choice of a full worker, a round that raised or timed out
@@ -85,24 +85,26 @@ def collect_evidence(
 
     ts_clause, ts_params = _range("ts", since, until)
     base = {"fleet": fleet, **ts_params}
+    decisions = source(store, "decisions", since, until)
+    violations = source(store, "violations", since, until)
     audited = store.query(
         f"SELECT count(DISTINCT ingest_id) AS n, min(ingest_id) AS low, max(ingest_id) AS high "
-        f"FROM decisions WHERE fleet = :fleet{ts_clause}",
+        f"FROM {decisions} WHERE fleet = :fleet{ts_clause}",
         base,
     )[0]
     latency = store.query(
-        f"SELECT count(*) AS n, quantile_cont(latency_ms, 0.99) AS p99 FROM decisions "
+        f"SELECT count(*) AS n, quantile_cont(latency_ms, 0.99) AS p99 FROM {decisions} "
         f"WHERE fleet = :fleet AND policy = :candidate AND latency_ms IS NOT NULL{ts_clause}",
         {**base, "candidate": candidate},
     )[0]
     own = ", ".join(f"'{kind}'" for kind in CANDIDATE_ERRORS)
     critical = store.query(
-        f"SELECT count(*) AS n FROM violations WHERE fleet = :fleet AND severity = 'critical' "
+        f"SELECT count(*) AS n FROM {violations} WHERE fleet = :fleet AND severity = 'critical' "
         f"AND kind NOT IN ({own}){ts_clause}",
         base,
     )[0]["n"]
     errors = store.query(
-        f"SELECT count(*) AS n FROM violations WHERE fleet = :fleet "
+        f"SELECT count(*) AS n FROM {violations} WHERE fleet = :fleet "
         f"AND kind IN ({own}) AND (detail LIKE :chose OR detail LIKE :failed){ts_clause}",
         {**base, "chose": f"{candidate} chose %", "failed": f"{candidate} failed deciding %"},
     )[0]["n"]
@@ -134,7 +136,7 @@ def collect_evidence(
             "database": str(store.path),
         },
         disagreements=tuple(
-            _disagreements(store, fleet, candidate, ts_clause, base, disagreements)
+            _disagreements(store, decisions, fleet, candidate, ts_clause, base, disagreements)
         ),
     )
 
@@ -165,8 +167,10 @@ def _calibration(
     if horizon is None:
         horizon = BalanceRouteConfig().horizon
     clause, params = _range("f.ts", since, until)
+    finishes = source(store, "events", since, until, "f")
+    readies = source(store, "events", alias="r")  # a ready may precede the range
     rows = store.query(
-        f"SELECT f.output_tokens AS o, r.prompt_hash AS h FROM events f LEFT JOIN events r "
+        f"SELECT f.output_tokens AS o, r.prompt_hash AS h FROM {finishes} LEFT JOIN {readies} "
         f"ON r.fleet = f.fleet AND r.request_id = f.request_id AND r.type = 'ready' "
         f"WHERE f.fleet = :fleet AND f.type = 'finish' AND f.joined_to IS NULL "
         f"AND f.reason IN ('stop', 'length') "
@@ -185,14 +189,20 @@ def _calibration(
 
 
 def _disagreements(
-    store: EvidenceSource, fleet: str, candidate: str, clause: str, params: dict, limit: int
+    store: EvidenceSource,
+    decisions: str,
+    fleet: str,
+    candidate: str,
+    clause: str,
+    params: dict,
+    limit: int,
 ) -> list[dict[str, Any]]:
     """The candidate's disagreements that would have changed the gap the most (a request
     its round held back has no choice to compare)."""
     rows = store.query(
         f"SELECT ingest_id, ts, request_id, prompt_tokens, incumbent_worker, choice, "
         f"f_br0_incumbent, f_br0_choice, f_brh_incumbent, f_brh_choice, snapshot "
-        f"FROM decisions WHERE fleet = :fleet AND policy = :candidate AND NOT agrees "
+        f"FROM {decisions} WHERE fleet = :fleet AND policy = :candidate AND NOT agrees "
         f"AND choice IS NOT NULL"
         f"{clause} ORDER BY (f_br0_choice - f_br0_incumbent) DESC, ingest_id LIMIT :limit",
         {**params, "candidate": candidate, "limit": limit},

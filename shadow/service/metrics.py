@@ -23,6 +23,8 @@ from shadow.policies import POLICY_NAMES
 from shadow.predict import SurvivalPredictor, calibrate
 from shadow.service.footprint import resident_bytes
 from shadow.service.runtime import Runtime
+from shadow.storage.archive import TABLE_NAMES, archive_totals
+from shadow.storage.queries import source
 from shadow.stream.invariants import KINDS
 
 WINDOW_GAUGES = (
@@ -176,6 +178,7 @@ class ServiceCollector(Collector):
         yield from self._windows(runtime)
         yield self._predictor(runtime)
         yield from self._audit(runtime)
+        yield from self._archive(runtime)
         yield from self._modes_and_telemetry(runtime)
 
     def _windows(self, runtime: Runtime) -> Iterator[Any]:
@@ -280,7 +283,8 @@ class ServiceCollector(Collector):
     def _audit(self, runtime: Runtime) -> Iterator[Any]:
         rows = runtime.store.query(
             "SELECT fleet, policy, avg(agrees::int) AS agree, avg(f_br0_best - f_br0_incumbent) "
-            "AS regret, count(*) AS n FROM decisions GROUP BY fleet, policy ORDER BY 1, 2"
+            f"AS regret, count(*) AS n FROM {source(runtime.store, 'decisions')} "
+            "GROUP BY fleet, policy ORDER BY 1, 2"
         )
         agreement = GaugeMetricFamily(
             "shadow_decision_agreement_ratio",
@@ -312,7 +316,8 @@ class ServiceCollector(Collector):
         counted = {
             (row["fleet"], row["kind"]): row["n"]
             for row in runtime.store.query(
-                "SELECT fleet, kind, count(*) AS n FROM violations GROUP BY 1, 2"
+                f"SELECT fleet, kind, count(*) AS n FROM {source(runtime.store, 'violations')} "
+                "GROUP BY 1, 2"
             )
         }
         fleets = sorted(set(runtime.pipeline.fleets) | {f for f, _ in counted})
@@ -320,6 +325,29 @@ class ServiceCollector(Collector):
             for kind, (severity, _) in sorted(KINDS.items()):
                 violations.add_metric([fleet, kind, severity], counted.get((fleet, kind), 0))
         yield violations
+
+    def _archive(self, runtime: Runtime) -> Iterator[Any]:
+        """What retention moved to Parquet (from the manifest: kept across restarts)."""
+        rows = CounterMetricFamily(
+            "shadow_archived_rows", "Rows moved from DuckDB to the Parquet archive.",
+            labels=["table"],
+        )  # fmt: skip
+        size = CounterMetricFamily(
+            "shadow_archived_bytes", "Bytes of Parquet files in the archive.", labels=["table"]
+        )
+        totals = archive_totals(runtime.store)
+        for table in TABLE_NAMES:
+            count, written = totals.get(table, (0, 0))
+            rows.add_metric([table], count)
+            size.add_metric([table], written)
+        retention = runtime.retention
+        yield from (rows, size)
+        runs = CounterMetricFamily(
+            "shadow_archive_runs", "Retention runs, by outcome.", labels=["outcome"]
+        )
+        runs.add_metric(["ok"], retention.runs)
+        runs.add_metric(["failed"], retention.failures)
+        yield runs
 
     def _modes_and_telemetry(self, runtime: Runtime) -> Iterator[Any]:
         mode = GaugeMetricFamily(

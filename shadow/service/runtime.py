@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 
 from shadow.service.ingest.pipeline import Pipeline
 from shadow.service.plugins import import_policy_modules
+from shadow.service.retention import Retention
 from shadow.service.settings import ServiceSettings
 from shadow.service.store import ServiceStore
 from shadow.service.workers import audit_worker, window_worker
@@ -78,6 +79,9 @@ class Runtime:
                 self._workers["windows"] = window_executor
         self.pipeline = Pipeline(self.store, config, window_executor, audit_executor)
         self.rebuilt_events = self.pipeline.start()
+        #: archive runs to Parquet (scheduled when `[storage] retention_days` is set)
+        self.retention = Retention(self.store, self.pipeline.committer, settings.storage)
+        self.retention.start()
 
     def worker_pids(self) -> dict[str, list[int]]:
         """The live worker processes, by role (`audit`, `windows`)."""
@@ -88,6 +92,7 @@ class Runtime:
         return roles
 
     def close(self) -> None:
+        self.retention.close()
         try:
             if not self.pipeline.broken:
                 self.pipeline.drain()

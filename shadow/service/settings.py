@@ -41,6 +41,7 @@ from shadow.replay.workload import StepModel
 from shadow.service.http.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
 from shadow.service.ingest.pipeline import Limits, PipelineConfig
 from shadow.service.plugins import import_policy_modules
+from shadow.storage.archive import RetentionConfig
 from shadow.stream.audit import AuditConfig
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.windows import WindowConfig
@@ -57,6 +58,7 @@ SECTIONS: dict[str, type] = {
     "balance_route": BalanceRouteConfig,
     "step_model": StepModel,
     "modes": ModeConfig,
+    "storage": RetentionConfig,
 }
 
 #: the flat names of before -> (section, field); `audit` and `windows` given a table are
@@ -220,6 +222,7 @@ class ServiceSettings(BaseModel):
     balance_route: Section[BalanceRouteConfig] = Field(default_factory=BalanceRouteConfig)
     step_model: Section[StepModel] = Field(default_factory=StepModel)
     modes: Section[ModeConfig] = Field(default_factory=ModeConfig)
+    storage: Section[RetentionConfig] = Field(default_factory=RetentionConfig)
 
     def token_table(self) -> TokenTable:
         return TokenTable((t.name, t.token.get_secret_value(), t.roles) for t in self.tokens)

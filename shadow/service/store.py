@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 
 from shadow.events import EVENT_ORDER
 from shadow.storage import open_database
+from shadow.storage.archive import ARCHIVED_SEQ
 from shadow.storage.database import duck_connection
 from shadow.stream.audit import Decision
 from shadow.stream.invariants import Violation
@@ -541,7 +542,9 @@ class ServiceStore:
         )
 
     def recent_seqs(self, window: int) -> dict[tuple[str, str], set[int]]:
-        """Per (fleet, source), the stored seqs within `window` of that source's highest."""
+        """Per (fleet, source), the stored seqs within `window` of that source's highest.
+        Where retention archived rows of the source, the seqs above the highest archived
+        one and that one (so every seq below it counts as seen: `RecentInts.seed`)."""
         out: dict[tuple[str, str], set[int]] = {}
         for table in ("events", "engine_steps"):
             for row in self.query(
@@ -552,6 +555,20 @@ class ServiceStore:
                 {"window": window},
             ):
                 out.setdefault((row["fleet"], row["source"]), set()).add(int(row["seq"]))
+        for (fleet, source), floor in self._archived_seqs().items():
+            live = out.get((fleet, source), set())
+            out[(fleet, source)] = {seq for seq in live if seq > floor} | {floor}
+        return out
+
+    def _archived_seqs(self) -> dict[tuple[str, str], int]:
+        rows = self.query(
+            "SELECT name, value FROM ingest_state WHERE starts_with(name, :prefix)",
+            {"prefix": ARCHIVED_SEQ},
+        )
+        out: dict[tuple[str, str], int] = {}
+        for row in rows:
+            fleet, source = row["name"][len(ARCHIVED_SEQ) :].split(":", 1)  # no ':' in names
+            out[(fleet, source)] = int(row["value"])
         return out
 
     def seq_highs(self) -> dict[tuple[str, str], int]:

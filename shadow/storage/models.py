@@ -425,3 +425,22 @@ class GateRunRow(Base):
     verdict: Mapped[str] = mapped_column(Text, nullable=False)
     exit_code: Mapped[int] = mapped_column(Integer, nullable=False)
     report: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+# -- the Parquet archive (migration 0010) ------------------------------------------------
+
+
+class ArchiveFileRow(Base):
+    """One Parquet file that retention moved out of a live table (`shadow.storage.archive`):
+    listed in the transaction that deleted its rows, so readers never count a row twice."""
+
+    __tablename__ = "archive_files"
+
+    path: Mapped[str] = mapped_column(Text, primary_key=True)
+    table_name: Mapped[str] = mapped_column(Text, nullable=False)
+    day: Mapped[str] = mapped_column(Text, nullable=False)
+    rows: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    ts_min: Mapped[float] = mapped_column(Double, nullable=False)
+    ts_max: Mapped[float] = mapped_column(Double, nullable=False)
+    archived_at: Mapped[float] = mapped_column(Double, nullable=False)

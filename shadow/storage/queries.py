@@ -3,21 +3,27 @@
 Every query is fixed SQL with bound parameters; user text never reaches SQL (sort
 columns and table names come from whitelists in the callers). `reader` is anything with
 the store's two reads: `query` (rows as dicts, `:name` parameters) and `columns` (numpy
-columns, `$name` parameters).
+columns, `$name` parameters) and its database file `path`. The tables retention archives
+(`shadow.storage.archive`) are read through `source`: their live rows and, when the time
+range reaches into it, the archive's Parquet files, as one relation.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from shadow.storage.archive import table_source
 from shadow.stream.join import CHILD_SEPARATOR
 
 
 class Reader(Protocol):
     """The two reads of `shadow.service.store.ServiceStore` these queries use."""
+
+    path: Path
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]: ...
 
@@ -38,6 +44,18 @@ def time_range(
         conditions.append(f"{column} < :until")
         params["until"] = until
     return conditions, params
+
+
+def source(
+    reader: Reader,
+    table: str,
+    since: float | None = None,
+    until: float | None = None,
+    alias: str | None = None,
+) -> str:
+    """What follows `FROM` for `table` over `[since, until)` (no range: all of it): the
+    live table, joined by the archive's files when the range reaches into them."""
+    return table_source(reader, table, since, until, alias)
 
 
 def where_fleet(
@@ -80,9 +98,10 @@ def request_events(reader: Reader, fleet: str, request_id: str) -> list[dict[str
     finishes the join gave it: the engine names the parent (`<external id>`), so those rows
     are stored under the parent's id and found by their `joined_to` link with the child's
     own finish rows (either way round: whichever finished the child first is the kept one)."""
+    events = source(reader, "events")
     columns = (
         "SELECT type, ts, worker, policy, prompt_tokens, output_tokens, reason, source, seq, "
-        "estimated, from_engine, joined_to FROM events "
+        f"estimated, from_engine, joined_to FROM {events} "
     )
     params = {"fleet": fleet, "request_id": request_id}
     if CHILD_SEPARATOR not in request_id:
@@ -90,7 +109,7 @@ def request_events(reader: Reader, fleet: str, request_id: str) -> list[dict[str
             columns + "WHERE fleet = :fleet AND request_id = :request_id ORDER BY ts, ingest_id",
             params,
         )
-    own = "FROM events WHERE fleet = :fleet AND request_id = :request_id AND type = 'finish'"
+    own = f"FROM {events} WHERE fleet = :fleet AND request_id = :request_id AND type = 'finish'"
     return reader.query(
         columns + "WHERE fleet = :fleet AND (request_id = :request_id "
         f"OR (type = 'finish' AND ingest_id IN (SELECT joined_to {own} AND joined_to IS NOT NULL)) "
@@ -107,7 +126,7 @@ def violation_counts(reader: Reader) -> dict[str, dict[str, Any]]:
         for r in reader.query(
             "SELECT fleet, count(*) AS violations, "
             "count(*) FILTER (WHERE severity = 'critical') AS critical "
-            "FROM violations GROUP BY fleet"
+            f"FROM {source(reader, 'violations')} GROUP BY fleet"
         )
     }
 
@@ -143,7 +162,8 @@ def decision_latency_p99(
 ) -> float | None:
     """P99 decision latency of `policy` on `fleet` over `[t_start, t_end)`."""
     return reader.query(
-        "SELECT quantile_cont(latency_ms, 0.99) AS p99 FROM decisions WHERE fleet = :fleet "
+        f"SELECT quantile_cont(latency_ms, 0.99) AS p99 FROM "
+        f"{source(reader, 'decisions', t_start, t_end)} WHERE fleet = :fleet "
         "AND policy = :policy AND ts >= :t0 AND ts < :t1",
         {"fleet": fleet, "policy": policy, "t0": t_start, "t1": t_end},
     )[0]["p99"]
@@ -152,7 +172,8 @@ def decision_latency_p99(
 def dispatch_decisions(reader: Reader, fleet: str, ingest_id: int) -> list[dict[str, Any]]:
     """Every policy's decision on one audited dispatch."""
     return reader.query(
-        "SELECT * FROM decisions WHERE fleet = :fleet AND ingest_id = :id ORDER BY policy",
+        f"SELECT * FROM {source(reader, 'decisions')} WHERE fleet = :fleet AND "
+        "ingest_id = :id ORDER BY policy",
         {"fleet": fleet, "id": ingest_id},
     )
 
@@ -160,7 +181,8 @@ def dispatch_decisions(reader: Reader, fleet: str, ingest_id: int) -> list[dict[
 def violation_span(reader: Reader, fleet: str) -> tuple[float, float] | None:
     """The first and last time of the fleet's violations; None when it has none."""
     span = reader.query(
-        "SELECT min(ts) AS t0, max(ts) AS t1 FROM violations WHERE fleet = :fleet",
+        f"SELECT min(ts) AS t0, max(ts) AS t1 FROM {source(reader, 'violations')} "
+        "WHERE fleet = :fleet",
         {"fleet": fleet},
     )[0]
     return None if span["t0"] is None else (float(span["t0"]), float(span["t1"]))
@@ -173,7 +195,8 @@ def violation_buckets(
     takes what lies past it)."""
     return reader.query(
         "SELECT kind, least(CAST(floor((ts - :t0) / :width) AS BIGINT), :last) AS b, "
-        "count(*) AS n FROM violations WHERE fleet = :fleet GROUP BY kind, b",
+        f"count(*) AS n FROM {source(reader, 'violations')} WHERE fleet = :fleet "
+        "GROUP BY kind, b",
         {"fleet": fleet, "t0": t0, "width": width, "last": buckets - 1},
     )
 

@@ -22,6 +22,7 @@ from shadow.service.http import (
     ingest,
     modes,
     replays,
+    storage,
     sweeps,
     windows,
 )
@@ -32,7 +33,9 @@ from shadow.service.settings import ServiceSettings
 from shadow.ui import mount_ui
 
 #: every resource's router, in the order their paths are documented
-ROUTERS = (health, ingest, fleets, decisions, windows, demo, modes, gate, replays, sweeps)
+ROUTERS = (
+    health, ingest, fleets, decisions, windows, demo, modes, gate, replays, sweeps, storage,
+)  # fmt: skip
 
 
 def create_app(settings: ServiceSettings, companion: Companion | None = None) -> FastAPI:

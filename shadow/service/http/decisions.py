@@ -63,7 +63,7 @@ def decisions(
     column = "f_br0_best - f_br0_incumbent" if sort == "regret" else sort
     direction = "ASC" if order == "asc" else "DESC"
     total, rows = queries.page(
-        store, "decisions", where, params,
+        store, queries.source(store, "decisions", since, until), where, params,
         f"{column} {direction} NULLS LAST, ingest_id {direction}, policy",
         ("*" if snapshot else "* EXCLUDE (snapshot)") + ", f_br0_best - f_br0_incumbent AS regret",
     )  # fmt: skip
@@ -95,7 +95,8 @@ def violations(
     if severity is not None:
         where.append("severity = :severity")
         params["severity"] = severity
-    total, rows = queries.page(store, "violations", where, params, "ts DESC, ingest_id DESC")
+    table = queries.source(store, "violations", since, until)
+    total, rows = queries.page(store, table, where, params, "ts DESC, ingest_id DESC")
     return _page_json(total, params, rows)
 
 

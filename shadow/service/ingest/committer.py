@@ -75,6 +75,21 @@ def merge(jobs: Sequence[CommitJob]) -> CommitJob:
     return CommitJob(batch, last.next_ingest_id, decisions, violations, last.applied_through)
 
 
+@dataclass
+class WriterTask:
+    """Work that must run on the writer between two transactions (retention's deletes):
+    `wait` returns once it ran, raising its failure."""
+
+    work: Callable[[], None]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def wait(self) -> None:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+
+
 class GroupCommitter:
     """The one thread that commits acknowledged batches, in submission order.
 
@@ -100,7 +115,7 @@ class GroupCommitter:
         self._maintained_at = time.monotonic()
         self._max_group_rows = max_group_rows
         self._on_failure = on_failure
-        self._queue: queue.SimpleQueue[CommitJob | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[CommitJob | WriterTask | None] = queue.SimpleQueue()
         self.failed: BaseException | None = None
         #: transactions committed and jobs they held, for the benchmark and /metrics
         self.transactions = 0
@@ -128,6 +143,16 @@ class GroupCommitter:
         self._queue.put(job)
         return job
 
+    def run_between(self, work: Callable[[], None]) -> None:
+        """Run `work` on this thread after the batches queued before it and before those
+        queued after (so it never shares or splits a transaction); wait for it. Batches
+        that arrive meanwhile wait for it: keep it short."""
+        task = WriterTask(work)
+        if not self._thread.is_alive():
+            raise RuntimeError("the group committer is closed")
+        self._queue.put(task)
+        task.wait()
+
     def close(self) -> None:
         """Commit what is queued, then stop the thread."""
         if self._thread.is_alive():
@@ -140,6 +165,18 @@ class GroupCommitter:
         finally:
             if self.failed is None:
                 self._tidy()
+            self._refuse_tasks()
+
+    def _refuse_tasks(self) -> None:
+        """Writer tasks queued after `close` are told so instead of waiting forever."""
+        while True:
+            try:
+                left = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(left, WriterTask):
+                left.error = RuntimeError("the group committer is closed")
+                left.done.set()
 
     def _tidy(self) -> None:
         self._maintained_at = time.monotonic()
@@ -156,8 +193,12 @@ class GroupCommitter:
             first = self._queue.get()
             if first is None:
                 return
+            if isinstance(first, WriterTask):
+                self._run_task(first)
+                continue
             group = [first]
             rows = first.rows()
+            task: WriterTask | None = None
             while rows < self._max_group_rows:
                 try:
                     job = self._queue.get_nowait()
@@ -166,11 +207,28 @@ class GroupCommitter:
                 if job is None:
                     stopping = True
                     break
+                if isinstance(job, WriterTask):  # after this group, before the next
+                    task = job
+                    break
                 group.append(job)
                 rows += job.rows()
             self._write(group)
+            if task is not None:
+                self._run_task(task)
             if time.monotonic() - self._maintained_at >= self._maintain_every_s:
                 self._tidy()
+
+    def _run_task(self, task: WriterTask) -> None:
+        """A writer task's failure is its caller's (it changed nothing durable); it does
+        not fail the batches around it."""
+        try:
+            if self.failed is not None:
+                raise RuntimeError("the group committer failed; writer tasks are refused")
+            task.work()
+        except BaseException as error:
+            task.error = error
+        finally:
+            task.done.set()
 
     def _write(self, group: list[CommitJob]) -> None:
         if self.failed is None:
