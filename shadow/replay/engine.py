@@ -13,6 +13,7 @@ vectorised block instead of step by step; per-step results are identical.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -77,18 +78,34 @@ ProgressCallback = Callable[[int, int], None]
 
 
 class _Fleet:
-    """Mutable fleet state: the only place the replay mutates (the policy only reads)."""
+    """Mutable fleet state: the only place the replay mutates (the policy only reads).
 
-    def __init__(self, workers: int, batch: int, total: int) -> None:
+    Per-request arrays grow as requests are added (a continuous run keeps adding)."""
+
+    def __init__(self, workers: int, batch: int) -> None:
         self.workers = workers
         self.batch = batch
         self.base = np.zeros(workers, dtype=np.int64)  # sum over active of (s_i - admit_step_i)
         self.count = np.zeros(workers, dtype=np.int64)
         self.active = np.empty(0, dtype=np.int64)
-        self.worker = np.full(total, -1, dtype=np.int64)
-        self.admit_step = np.full(total, -1, dtype=np.int64)
-        self.finish_step = np.full(total, -1, dtype=np.int64)
-        self.admit_ms = np.full(total, np.nan)
+        self.worker = np.empty(0, dtype=np.int64)
+        self.admit_step = np.empty(0, dtype=np.int64)
+        self.finish_step = np.empty(0, dtype=np.int64)
+        self.admit_ms = np.empty(0)
+
+    def reserve(self, total: int) -> None:
+        """Room for `total` requests (doubling, so appending one at a time stays linear)."""
+        have = self.worker.shape[0]
+        if total <= have:
+            return
+        size = max(total, 2 * have)
+        for name, fill in (("worker", -1), ("admit_step", -1), ("finish_step", -1)):
+            grown = np.full(size, fill, dtype=np.int64)
+            grown[:have] = getattr(self, name)
+            setattr(self, name, grown)
+        admit_ms = np.full(size, np.nan)
+        admit_ms[:have] = self.admit_ms
+        self.admit_ms = admit_ms
 
     def admit(self, request: int, g: int, step: int, now_ms: float, prompt: int, output: int):
         self.worker[request] = g
@@ -100,6 +117,435 @@ class _Fleet:
 
     def loads(self, step: int) -> np.ndarray:
         return self.base + self.count * step
+
+
+class _Grown:
+    """An append-only int64 or float64 column with amortised growth."""
+
+    def __init__(self, dtype: type) -> None:
+        self.data = np.empty(64, dtype=dtype)
+        self.size = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self.size + values.shape[0]
+        if need > self.data.shape[0]:
+            grown = np.empty(max(need, 2 * self.data.shape[0]), dtype=self.data.dtype)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+        self.data[self.size : need] = values
+        self.size = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.data[: self.size]
+
+
+@dataclass(frozen=True)
+class StepBlock:
+    """Steps computed since the last `FleetReplay.take_steps()`, numbered from `first_step`."""
+
+    first_step: int
+    start_ms: np.ndarray
+    end_ms: np.ndarray
+    duration_ms: np.ndarray
+    worker_load: np.ndarray
+    worker_active: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        return int(self.start_ms.shape[0])
+
+
+@dataclass
+class _Stretch:
+    """Steps with a fixed active set, computed whole from `step`; `committed` of them are
+    in the run so far."""
+
+    step: int
+    now: float
+    block: np.ndarray
+    durations: np.ndarray
+    ends: np.ndarray
+    count: np.ndarray
+    has_free: bool
+    committed: int = 0
+
+
+class FleetReplay:
+    """One policy's fleet, stepped as far as the known arrivals allow.
+
+    `add_requests` appends arrivals in ready order with their true output lengths;
+    `advance(until_ms)` steps the fleet while every arrival it could meet is known: the
+    caller promises that every request ready at or before `until_ms` has been added. A
+    continuous counterfactual adds each window's arrivals as their lengths become known
+    and never resets; `replay()` adds a whole workload and advances to the end. Both give
+    the same steps bit for bit: the run pauses only before an admission round at a
+    boundary past the frontier, or before a stretch of steps that could meet an arrival
+    not yet known, and resumes exactly there (the stretch is recomputed from the same
+    state, now with the next arrival known).
+
+    Requests are indexed in the order they were added: the initial requests (those
+    already decoding at the start) first, then the arrivals.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        workers: int,
+        batch: int,
+        step_model: StepModel | None = None,
+        initial: Sequence[InitialRequest] = (),
+        decide_on_arrival: bool = False,
+        progress: ProgressCallback | None = None,
+        capacity: Sequence[int] | None = None,
+    ) -> None:
+        if workers < 1 or batch < 1:
+            raise ValueError(f"workers and batch must be >= 1, got {workers} and {batch}")
+        slots = np.full(workers, batch, dtype=np.int64)
+        if capacity is not None:
+            slots = np.asarray(capacity, dtype=np.int64).ravel().copy()
+            if slots.shape[0] != workers or (slots < 0).any():
+                raise ValueError(f"capacity needs {workers} values >= 0, got {list(slots)}")
+        self.policy = policy
+        self.workers = workers
+        self.batch = batch
+        self.model = step_model or StepModel()
+        self.decide_on_arrival = decide_on_arrival
+        self.progress = progress
+        self.predictor = getattr(policy, "predictor", None)
+        self.queued = policy.dispatches_on_arrival
+        self.queues: list[deque[int]] = [deque() for _ in range(workers)]
+        #: slots per worker (a window's fleet as observed: uneven B, 0 for a draining
+        #: worker, which decodes what it holds and takes nothing new); a continuous run
+        #: sets it as the fleet changes
+        self.capacity = slots
+        self.worker_ids = tuple(range(workers))
+        self.fleet = _Fleet(workers, batch)
+        self.prompt = _Grown(np.int64)
+        self.output = _Grown(np.int64)
+        self.keys = _Grown(np.int64)
+        self.ready_ms = _Grown(np.float64)
+        self.initial_count = len(initial)
+        self.pool = np.empty(0, dtype=np.int64)
+        self.arrived = 0  # requests (initial ones included) that have joined the pool
+        self.step = 0
+        self.now = 0.0
+        self.finished = 0
+        #: the stretch of steps in progress when the run waits at the frontier
+        self._stretch: _Stretch | None = None
+        self._taken_step = 0
+        self._blocks: list[tuple[np.ndarray, ...]] = []
+        self._block_rows: list[tuple[np.ndarray, int]] = []
+        self.sched_ms: list[float] = []
+        self._started: list[int] = []
+        self._add(
+            np.array([r.prompt_tokens for r in initial], dtype=np.int64),
+            np.array([r.generated + r.remaining for r in initial], dtype=np.int64),
+            np.array([r.prompt_key for r in initial], dtype=np.int64),
+            np.full(len(initial), np.nan),
+        )
+        for index, request in enumerate(initial):
+            if not 0 <= request.worker < workers:
+                raise ValueError(f"initial request on worker {request.worker}: out of range")
+            if request.remaining < 1 or request.generated < 0:
+                raise ValueError("initial requests need remaining >= 1 and generated >= 0")
+            self.fleet.admit(
+                index,
+                request.worker,
+                -request.generated,
+                np.nan,
+                request.prompt_tokens,
+                int(self.output.view[index]),
+            )
+        # An observed start state may hold more than B on a worker (the live fleet broke an
+        # invariant, or the mirror still holds a slot the engine reused): it is replayed as
+        # seen, and that worker takes nothing new until it has drained below B.
+        self.fleet.active = np.arange(len(initial), dtype=np.int64)
+        self.arrived = len(initial)
+
+    @property
+    def requests(self) -> int:
+        return self.prompt.size
+
+    def _add(self, prompt, output, keys, ready_ms) -> None:
+        self.prompt.extend(prompt)
+        self.output.extend(output)
+        self.keys.extend(keys)
+        self.ready_ms.extend(ready_ms)
+        self.fleet.reserve(self.prompt.size)
+
+    def add_requests(
+        self,
+        ready_ms: np.ndarray,
+        prompt_tokens: np.ndarray,
+        output_tokens: np.ndarray,
+        prompt_keys: np.ndarray | None = None,
+    ) -> None:
+        """Append arrivals, in ready order, at or after every one added before."""
+        ready = np.asarray(ready_ms, dtype=np.float64)
+        if ready.size:
+            known = self.ready_ms.view[self.initial_count :]
+            if (known.size and ready[0] < known[-1]) or (np.diff(ready) < 0).any():
+                raise ValueError("arrivals must be added in ready order")
+        keys = (
+            np.full(ready.shape[0], NO_KEY, dtype=np.int64)
+            if prompt_keys is None
+            else np.asarray(prompt_keys, dtype=np.int64)
+        )
+        self._add(
+            np.asarray(prompt_tokens, dtype=np.int64),
+            np.asarray(output_tokens, dtype=np.int64),
+            keys,
+            ready,
+        )
+
+    def _admission_round(self, view_step: int, on_arrival_until: float | None) -> None:
+        """One round on the state of step `view_step`; admitted requests start at `step`.
+
+        With `on_arrival_until` (decide on arrival), the round runs during a step on that
+        step's state, for the requests that arrived in it; each is recorded as assigned
+        at its arrival time.
+        """
+        fleet, pool = self.fleet, self.pool
+        free = np.maximum(self.capacity - fleet.count, 0)
+        if not pool.size or not (self.queued or free.sum() > 0):
+            return
+        prompt, output, keys = self.prompt.view, self.output.view, self.keys.view
+        active = fleet.active
+        generated = view_step - fleet.admit_step[active]
+        snapshot = FleetSnapshot(
+            self.worker_ids,
+            self.capacity,
+            fleet.count.copy(),
+            fleet.loads(view_step),
+            ActiveSet(
+                fleet.worker[active],
+                prompt[active],
+                generated,
+                keys[active],
+                output[active] - generated,
+            ),
+            np.array([len(q) for q in self.queues], dtype=np.int64),
+        )
+        ready = ReadyPool(pool, prompt[pool], keys[pool])
+        clock = time.perf_counter()
+        admissions = self.policy.admit(snapshot, ready)
+        self.sched_ms.append((time.perf_counter() - clock) * 1000.0)
+        if not admissions and on_arrival_until is None:
+            raise RuntimeError(
+                f"policy {self.policy.name} admitted nothing with {pool.size} ready requests "
+                f"and {int(free.sum())} free slots (step {self.step})"
+            )
+        taken = []
+        for request_id, g in admissions:
+            request = int(request_id)
+            taken.append(request)
+            if self.queued:
+                self.queues[g].append(request)
+            else:
+                decided = (
+                    self.now if on_arrival_until is None else float(self.ready_ms.view[request])
+                )
+                fleet.admit(
+                    request, g, self.step, decided, int(prompt[request]), int(output[request])
+                )
+                self._started.append(request)
+        if taken:
+            # The pool stays sorted (requests join in index order), so positions are a search.
+            keep = np.ones(pool.size, dtype=bool)
+            keep[np.searchsorted(pool, taken)] = False
+            self.pool = pool[keep]
+
+    def _join_arrivals(self) -> None:
+        ready = self.ready_ms.view
+        upto = self.initial_count + int(
+            np.searchsorted(ready[self.initial_count :], self.now, side="right")
+        )
+        if upto > self.arrived:
+            self.pool = np.concatenate((self.pool, np.arange(self.arrived, upto, dtype=np.int64)))
+            self.arrived = upto
+
+    def _start_admitted(self) -> None:
+        if self._started:
+            self.fleet.active = np.concatenate(
+                (self.fleet.active, np.array(self._started, dtype=np.int64))
+            )
+            self._started.clear()
+
+    def advance(self, until_ms: float = math.inf) -> None:
+        """Step the fleet as far as the arrivals known up to `until_ms` determine it."""
+        # every arrival at or before this is known
+        frontier = until_ms
+        if self.requests > self.initial_count:
+            frontier = max(frontier, float(self.ready_ms.view[-1]))
+        if self._stretch is not None and not self._continue_stretch(frontier):
+            return
+        fleet, model = self.fleet, self.model
+        total = self.requests
+        ready_ms = self.ready_ms.view
+        while True:
+            if self.now > frontier:
+                return  # arrivals up to now are not all known yet
+            self._join_arrivals()
+            waiting_total = sum(len(q) for q in self.queues) if self.queued else 0
+            if not fleet.active.size and not self.pool.size and not waiting_total:
+                if self.arrived >= total:
+                    return  # idle, and no known arrival to jump to
+                self.now = float(ready_ms[self.arrived])
+                continue
+
+            # Admission round.
+            self._admission_round(self.step, None)
+            if self.queued:
+                prompt, output = self.prompt.view, self.output.view
+                for g in range(self.workers):
+                    while self.queues[g] and fleet.count[g] < self.capacity[g]:
+                        request = self.queues[g].popleft()
+                        fleet.admit(
+                            request, g, self.step, self.now, int(prompt[request]),
+                            int(output[request]),
+                        )  # fmt: skip
+                        self._started.append(request)
+            self._start_admitted()
+            if not fleet.active.size:
+                continue  # everything queued or nothing to run: jump to the next arrival
+
+            # A stretch of steps with a fixed active set.
+            step, now = self.step, self.now
+            first_finish = int(fleet.finish_step[fleet.active].min())
+            length = min(first_finish - step + 1, MAX_BLOCK_STEPS)
+            offsets = np.arange(step, step + length, dtype=np.int64)
+            block = fleet.base[None, :] + fleet.count[None, :] * offsets[:, None]
+            block_durations = model.a_ms_per_token * block.max(axis=1) + model.b_ms
+            ends = now + np.cumsum(block_durations)
+            self._stretch = _Stretch(
+                step, now, block, block_durations, ends, fleet.count.copy(),
+                bool((fleet.count < self.capacity).any()),
+            )  # fmt: skip
+            if not self._continue_stretch(frontier):
+                return
+
+    def _continue_stretch(self, frontier: float) -> bool:
+        """Commit the current stretch's steps up to its cut; False when it must wait.
+
+        The stretch stops at the first step boundary at or after the next arrival (when a
+        slot is free), so the next admission round sees it. With no arrival known past
+        the frontier, the steps up to the frontier are committed and the rest waits: the
+        stretch was computed whole from its start, so when it goes on, its cut and its
+        step times are the very numbers the whole replay computes.
+        """
+        stretch = self._stretch
+        assert stretch is not None
+        total = self.requests
+        length = stretch.ends.shape[0]
+        cut_by_arrival = False
+        waits = False
+        if stretch.has_free:
+            known = self.arrived < total
+            horizon = self.ready_ms.view[self.arrived] if known else frontier
+            cut = int(np.searchsorted(stretch.ends, horizon, side="left"))
+            if cut < length:
+                length = cut + 1
+                cut_by_arrival = known
+                waits = not known
+        if waits or (cut_by_arrival and stretch.ends[length - 1] > frontier):
+            # past the frontier: what follows the stretch (a decision during its last step
+            # takes every arrival up to its end) waits until those arrivals are known
+            waits = True
+            length = max(
+                stretch.committed, int(np.searchsorted(stretch.ends, frontier, side="left")) + 1
+            )
+            length = min(length, stretch.ends.shape[0])
+        self._commit(stretch, length)
+        if waits:
+            return False
+        self._stretch = None
+        self._after_stretch(cut_by_arrival)
+        return True
+
+    def _commit(self, stretch: _Stretch, length: int) -> None:
+        if length <= stretch.committed:
+            return
+        lo = stretch.committed
+        ends = stretch.ends
+        starts = np.concatenate(([stretch.now], ends[:-1]))
+        self._blocks.append(
+            (starts[lo:length], ends[lo:length], stretch.durations[lo:length],
+             stretch.block[lo:length])
+        )  # fmt: skip
+        self._block_rows.append((stretch.count, length - lo))
+        stretch.committed = length
+        self.now = float(ends[length - 1])
+        self.step = stretch.step + length
+
+    def _after_stretch(self, cut_by_arrival: bool) -> None:
+        """The end of a stretch: a decision on arrival during its last step, then its
+        completions."""
+        fleet = self.fleet
+        total = self.requests
+        if self.decide_on_arrival and cut_by_arrival and not self.queued:
+            # A live router decides when the request arrives, during this step, on this
+            # step's state (its finishing requests still hold their slots).
+            self._join_arrivals()
+            self._admission_round(self.step - 1, self.now)
+            self._start_admitted()
+
+        # Completions at the end of the stretch free their slots; predictors learn.
+        done_mask = fleet.finish_step[fleet.active] == self.step - 1
+        if done_mask.any():
+            prompt, output, keys = self.prompt.view, self.output.view, self.keys.view
+            done = fleet.active[done_mask]
+            fleet.active = fleet.active[~done_mask]
+            np.subtract.at(fleet.base, fleet.worker[done], prompt[done] - fleet.admit_step[done])
+            np.subtract.at(fleet.count, fleet.worker[done], 1)
+            self.finished += done.size
+            if self.predictor is not None:
+                self.predictor.observe_many(output[done], keys[done])
+            if self.progress is not None:
+                self.progress(self.finished, total)
+
+    def take_steps(self) -> StepBlock:
+        """The steps computed since the last call (a live consumer's increment; the run
+        then keeps no per-step history)."""
+        blocks, rows = self._blocks, self._block_rows
+        self._blocks, self._block_rows = [], []
+        first = self._taken_step
+        self._taken_step = self.step
+        return _step_block(first, self.workers, blocks, rows)
+
+    def requests_view(self) -> dict[str, np.ndarray]:
+        """Per request (in the order added): ready, admit and finish times and worker."""
+        n = self.requests
+        fleet = self.fleet
+        return {
+            "ready_ms": self.ready_ms.view,
+            "admit_ms": fleet.admit_ms[:n],
+            "admit_step": fleet.admit_step[:n],
+            "finish_step": fleet.finish_step[:n],
+            "worker": fleet.worker[:n],
+            "prompt_tokens": self.prompt.view,
+            "output_tokens": self.output.view,
+        }
+
+
+def _step_block(
+    first: int, workers: int, blocks: list[tuple[np.ndarray, ...]], rows: list
+) -> StepBlock:
+    if not blocks:
+        empty = np.empty(0)
+        return StepBlock(
+            first, empty, empty, empty, np.empty((0, workers), dtype=np.int64),
+            np.empty((0, workers), dtype=np.int32),
+        )  # fmt: skip
+    return StepBlock(
+        first,
+        np.concatenate([b[0] for b in blocks]),
+        np.concatenate([b[1] for b in blocks]),
+        np.concatenate([b[2] for b in blocks]),
+        np.concatenate([b[3] for b in blocks]).astype(np.int64, copy=False),
+        np.repeat(np.array([r[0] for r in rows], dtype=np.int32), [r[1] for r in rows], axis=0),
+    )
 
 
 def replay(
@@ -123,229 +569,47 @@ def replay(
     0 for a draining worker, which decodes what it holds and takes nothing new); without
     it every worker has `batch`.
     """
-    if workers < 1 or batch < 1:
-        raise ValueError(f"workers and batch must be >= 1, got {workers} and {batch}")
-    slots = np.full(workers, batch, dtype=np.int64)
-    if capacity is not None:
-        slots = np.asarray(capacity, dtype=np.int64).ravel()
-        if slots.shape[0] != workers or (slots < 0).any():
-            raise ValueError(f"capacity needs {workers} values >= 0, got {list(slots)}")
-        if not slots.any() and len(workload):
-            raise ValueError("capacity: no worker takes requests, so the arrivals never run")
-    model = step_model or StepModel()
-    n_trace = len(workload)
-    prompt = np.concatenate(
-        (workload.prompt_tokens, np.array([r.prompt_tokens for r in initial], dtype=np.int64))
+    if capacity is not None and not np.asarray(capacity).any() and len(workload):
+        raise ValueError("capacity: no worker takes requests, so the arrivals never run")
+    run = FleetReplay(
+        policy,
+        workers=workers,
+        batch=batch,
+        step_model=step_model,
+        initial=initial,
+        decide_on_arrival=decide_on_arrival,
+        progress=progress,
+        capacity=capacity,
     )
-    output = np.concatenate(
-        (
-            workload.output_tokens,
-            np.array([r.generated + r.remaining for r in initial], dtype=np.int64),
-        )
+    run.add_requests(
+        workload.ready_s * 1000.0,
+        workload.prompt_tokens,
+        workload.output_tokens,
+        workload.prompt_keys,
     )
-    keys = np.concatenate(
-        (workload.prompt_keys, np.array([r.prompt_key for r in initial], dtype=np.int64))
-    )
-    trace_ready_ms = workload.ready_s * 1000.0
-    ready_ms = np.concatenate((trace_ready_ms, np.full(len(initial), np.nan)))
-    total = prompt.shape[0]
-    fleet = _Fleet(workers, batch, total)
-    for offset, request in enumerate(initial):
-        if not 0 <= request.worker < workers:
-            raise ValueError(f"initial request on worker {request.worker}: out of range")
-        if request.remaining < 1 or request.generated < 0:
-            raise ValueError("initial requests need remaining >= 1 and generated >= 0")
-        fleet.admit(
-            n_trace + offset,
-            request.worker,
-            -request.generated,
-            np.nan,
-            request.prompt_tokens,
-            int(output[n_trace + offset]),
-        )
-    # An observed start state may hold more than B on a worker (the live fleet broke an
-    # invariant, or the mirror still holds a slot the engine reused): it is replayed as
-    # seen, and that worker takes nothing new until it has drained below B.
-    fleet.active = np.arange(n_trace, total, dtype=np.int64)
-
-    predictor = getattr(policy, "predictor", None)
-    queued = policy.dispatches_on_arrival
-    queues: list[deque[int]] = [deque() for _ in range(workers)]
-    capacity = slots
-    worker_ids = tuple(range(workers))
-    pool = np.empty(0, dtype=np.int64)
-    arrived = 0
-    step = 0
-    now = 0.0
-    finished = 0
-    starts: list[np.ndarray] = []
-    step_ends: list[np.ndarray] = []
-    durations: list[np.ndarray] = []
-    loads_blocks: list[np.ndarray] = []
-    active_rows: list[np.ndarray] = []
-    block_lengths: list[int] = []
-    sched: list[float] = []
-    started: list[int] = []
-
-    def admission_round(view_step: int, on_arrival_until: float | None) -> None:
-        """One round on the state of step `view_step`; admitted requests start at `step`.
-
-        With `on_arrival_until` (decide on arrival), the round runs during a step on that
-        step's state, for the requests that arrived in it; each is recorded as assigned
-        at its arrival time.
-        """
-        nonlocal pool
-        free = np.maximum(capacity - fleet.count, 0)
-        if not pool.size or not (queued or free.sum() > 0):
-            return
-        active = fleet.active
-        generated = view_step - fleet.admit_step[active]
-        snapshot = FleetSnapshot(
-            worker_ids,
-            capacity,
-            fleet.count.copy(),
-            fleet.loads(view_step),
-            ActiveSet(
-                fleet.worker[active],
-                prompt[active],
-                generated,
-                keys[active],
-                output[active] - generated,
-            ),
-            np.array([len(q) for q in queues], dtype=np.int64),
-        )
-        ready = ReadyPool(pool, prompt[pool], keys[pool])
-        clock = time.perf_counter()
-        admissions = policy.admit(snapshot, ready)
-        sched.append((time.perf_counter() - clock) * 1000.0)
-        if not admissions and on_arrival_until is None:
-            raise RuntimeError(
-                f"policy {policy.name} admitted nothing with {pool.size} ready requests "
-                f"and {int(free.sum())} free slots (step {step})"
-            )
-        taken = []
-        for request_id, g in admissions:
-            request = int(request_id)
-            taken.append(request)
-            if queued:
-                queues[g].append(request)
-            else:
-                decided = now if on_arrival_until is None else float(ready_ms[request])
-                fleet.admit(request, g, step, decided, int(prompt[request]), int(output[request]))
-                started.append(request)
-        if taken:
-            # The pool stays sorted (requests join in index order), so positions are a search.
-            keep = np.ones(pool.size, dtype=bool)
-            keep[np.searchsorted(pool, taken)] = False
-            pool = pool[keep]
-
-    while True:
-        # Arrivals up to now join the pool.
-        upto = int(np.searchsorted(trace_ready_ms, now, side="right"))
-        if upto > arrived:
-            pool = np.concatenate((pool, np.arange(arrived, upto, dtype=np.int64)))
-            arrived = upto
-        waiting_total = sum(len(q) for q in queues) if queued else 0
-        if not fleet.active.size and not pool.size and not waiting_total:
-            if arrived >= n_trace:
-                break
-            now = float(ready_ms[arrived])
-            continue
-
-        # Admission round.
-        admission_round(step, None)
-        if queued:
-            for g in range(workers):
-                while queues[g] and fleet.count[g] < capacity[g]:
-                    request = queues[g].popleft()
-                    fleet.admit(request, g, step, now, int(prompt[request]), int(output[request]))
-                    started.append(request)
-        if started:
-            fleet.active = np.concatenate((fleet.active, np.array(started, dtype=np.int64)))
-            started.clear()
-        if not fleet.active.size:
-            continue  # everything queued or nothing to run: jump to the next arrival
-
-        # A stretch of steps with a fixed active set.
-        first_finish = int(fleet.finish_step[fleet.active].min())
-        length = min(first_finish - step + 1, MAX_BLOCK_STEPS)
-        offsets = np.arange(step, step + length, dtype=np.int64)
-        block = fleet.base[None, :] + fleet.count[None, :] * offsets[:, None]
-        block_durations = model.a_ms_per_token * block.max(axis=1) + model.b_ms
-        ends = now + np.cumsum(block_durations)
-        cut_by_arrival = False
-        if (fleet.count < capacity).any() and arrived < n_trace:
-            # Stop at the first step boundary at or after the next arrival, so the next
-            # admission round sees it.
-            cut = int(np.searchsorted(ends, ready_ms[arrived], side="left"))
-            if cut < length:
-                cut_by_arrival = True
-                length = cut + 1
-                block, block_durations, ends = (
-                    block[:length],
-                    block_durations[:length],
-                    ends[:length],
-                )
-        starts.append(np.concatenate(([now], ends[:-1])))
-        step_ends.append(ends)
-        durations.append(block_durations)
-        loads_blocks.append(block)
-        active_rows.append(fleet.count.copy())
-        block_lengths.append(length)
-        now = float(ends[-1])
-        step += length
-
-        if decide_on_arrival and cut_by_arrival and not queued:
-            # A live router decides when the request arrives, during this step, on this
-            # step's state (its finishing requests still hold their slots).
-            upto = int(np.searchsorted(trace_ready_ms, now, side="right"))
-            if upto > arrived:
-                pool = np.concatenate((pool, np.arange(arrived, upto, dtype=np.int64)))
-                arrived = upto
-            admission_round(step - 1, now)
-            if started:
-                fleet.active = np.concatenate((fleet.active, np.array(started, dtype=np.int64)))
-                started.clear()
-
-        # Completions at the end of the stretch free their slots; predictors learn from them.
-        done_mask = fleet.finish_step[fleet.active] == step - 1
-        if done_mask.any():
-            done = fleet.active[done_mask]
-            fleet.active = fleet.active[~done_mask]
-            np.subtract.at(fleet.base, fleet.worker[done], prompt[done] - fleet.admit_step[done])
-            np.subtract.at(fleet.count, fleet.worker[done], 1)
-            finished += done.size
-            if predictor is not None:
-                predictor.observe_many(output[done], keys[done])
-            if progress is not None:
-                progress(finished, total)
-
-    def stacked(blocks: list[np.ndarray], width: int, dtype: type) -> np.ndarray:
-        if not blocks:
-            return np.empty((0, width), dtype=dtype)
-        return np.concatenate(blocks).astype(dtype, copy=False)
-
+    run.advance(math.inf)
+    steps = run.take_steps()
+    # the result's order: the workload's requests, then the initial ones
+    m = len(initial)
+    order = np.concatenate((np.arange(m, run.requests), np.arange(m)))
+    view = run.requests_view()
     return ReplayResult(
         policy=policy.name,
         workers=workers,
         batch=batch,
-        step_model=model,
-        step_start_ms=np.concatenate(starts) if starts else np.empty(0),
-        step_end_ms=np.concatenate(step_ends) if step_ends else np.empty(0),
-        step_duration_ms=np.concatenate(durations) if durations else np.empty(0),
-        worker_load=stacked(loads_blocks, workers, np.int64),
-        worker_active=(
-            np.repeat(np.array(active_rows, dtype=np.int32), block_lengths, axis=0)
-            if active_rows
-            else np.empty((0, workers), dtype=np.int32)
-        ),
-        ready_ms=ready_ms,
-        admit_ms=fleet.admit_ms,
-        admit_step=fleet.admit_step,
-        finish_step=fleet.finish_step,
-        worker=fleet.worker,
-        prompt_tokens=prompt,
-        output_tokens=output,
-        from_initial=np.arange(total) >= n_trace,
-        sched_ms=np.array(sched),
+        step_model=run.model,
+        step_start_ms=steps.start_ms,
+        step_end_ms=steps.end_ms,
+        step_duration_ms=steps.duration_ms,
+        worker_load=steps.worker_load,
+        worker_active=steps.worker_active,
+        ready_ms=view["ready_ms"][order],
+        admit_ms=view["admit_ms"][order],
+        admit_step=view["admit_step"][order],
+        finish_step=view["finish_step"][order],
+        worker=view["worker"][order],
+        prompt_tokens=view["prompt_tokens"][order],
+        output_tokens=view["output_tokens"][order],
+        from_initial=np.arange(run.requests) >= len(workload),
+        sched_ms=np.array(run.sched_ms),
     )

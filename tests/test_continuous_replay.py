@@ -1,0 +1,125 @@
+"""A run fed its arrivals a window at a time (a continuous counterfactual) steps exactly as
+the replay of the whole workload at once: same steps, loads, admissions and finishes, for
+pool and worker-queue policies, deciding by round or on arrival, from an observed start."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shadow.policies import make_policy
+from shadow.replay import InitialRequest, replay
+from shadow.replay.engine import FleetReplay
+from shadow.replay.workload import StepModel, Workload
+
+MODEL = StepModel(a_ms_per_token=0.01, b_ms=5.0)
+POLICIES = ("jsq", "rr", "random", "br0", "brh-survival", "vllm-dplb")
+
+
+def workload(seed: int, n: int, rate_per_s: float) -> Workload:
+    rng = np.random.default_rng(seed)
+    ready = np.cumsum(rng.exponential(1.0 / rate_per_s, n))
+    return Workload.from_arrays("w", ready, rng.integers(1, 3000, n), rng.integers(1, 400, n))
+
+
+def fed_in_windows(
+    work: Workload,
+    name: str,
+    cuts: list[float],
+    *,
+    decide_on_arrival: bool,
+    initial=(),
+    capacity=None,
+) -> FleetReplay:
+    run = FleetReplay(
+        make_policy(name), workers=4, batch=6, step_model=MODEL, initial=initial,
+        decide_on_arrival=decide_on_arrival, capacity=capacity,
+    )  # fmt: skip
+    ready_ms = work.ready_s * 1000.0
+    added = 0
+    for until in [*cuts, math.inf]:
+        upto = int(np.searchsorted(ready_ms, until, side="right"))
+        run.add_requests(
+            ready_ms[added:upto], work.prompt_tokens[added:upto],
+            work.output_tokens[added:upto], work.prompt_keys[added:upto],
+        )  # fmt: skip
+        added = upto
+        run.advance(until)
+        run_steps.append(run.take_steps())
+    return run
+
+
+run_steps: list = []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    name=st.sampled_from(POLICIES),
+    window_ms=st.floats(3.0, 4000.0),
+    decide_on_arrival=st.booleans(),
+    with_initial=st.booleans(),
+    uneven=st.booleans(),
+)
+def test_feeding_a_window_at_a_time_is_the_whole_replay(
+    seed, name, window_ms, decide_on_arrival, with_initial, uneven
+):
+    capacity = (6, 3, 0, 5) if uneven else None  # a draining worker, uneven B
+    work = workload(seed, 120, rate_per_s=40.0)
+    initial = (
+        [InitialRequest(g % 4, 100 + g, g, 5 + 7 * g) for g in range(7)] if with_initial else []
+    )
+    whole = replay(
+        work, make_policy(name), workers=4, batch=6, step_model=MODEL, initial=initial,
+        decide_on_arrival=decide_on_arrival, capacity=capacity,
+    )  # fmt: skip
+    span = float(work.ready_s[-1] * 1000.0)
+    cuts = list(np.arange(window_ms, span, window_ms))
+    run_steps.clear()
+    run = fed_in_windows(
+        work, name, cuts, decide_on_arrival=decide_on_arrival, initial=initial, capacity=capacity
+    )
+    starts = np.concatenate([b.start_ms for b in run_steps])
+    loads = np.concatenate([b.worker_load for b in run_steps])
+    active = np.concatenate([b.worker_active for b in run_steps])
+    assert [b.first_step for b in run_steps] == list(
+        np.cumsum([0] + [b.steps for b in run_steps])[:-1]
+    )
+    np.testing.assert_array_equal(starts, whole.step_start_ms)
+    np.testing.assert_array_equal(loads, whole.worker_load)
+    np.testing.assert_array_equal(active, whole.worker_active)
+    view = run.requests_view()
+    m = len(initial)
+    for field in ("admit_step", "finish_step", "worker"):
+        np.testing.assert_array_equal(
+            np.concatenate((view[field][m:], view[field][:m])), getattr(whole, field)
+        )
+
+
+def test_a_run_pauses_where_an_unknown_arrival_could_change_it():
+    """With a free slot and no arrival known past the frontier, the run stops at the
+    frontier's step boundary instead of stepping into time it cannot know."""
+    run = FleetReplay(make_policy("jsq"), workers=2, batch=2, step_model=MODEL)
+    run.add_requests(np.array([0.0]), np.array([10]), np.array([1000]))
+    run.advance(100.0)
+    block = run.take_steps()
+    assert block.steps and block.start_ms[-1] <= 100.0
+    assert run.now <= 100.0 + MODEL.b_ms + 1  # not the request's whole life
+    run.add_requests(np.array([150.0]), np.array([10]), np.array([3]))
+    run.advance(math.inf)
+    assert run.requests_view()["admit_ms"][1] >= 150.0
+    assert run.requests_view()["worker"].tolist() == [0, 1]
+
+
+def test_arrivals_out_of_ready_order_are_refused():
+    run = FleetReplay(make_policy("jsq"), workers=2, batch=2)
+    run.add_requests(np.array([5.0]), np.array([1]), np.array([1]))
+    try:
+        run.add_requests(np.array([4.0]), np.array([1]), np.array([1]))
+    except ValueError as error:
+        assert "ready order" in str(error)
+    else:
+        raise AssertionError("an earlier arrival was accepted")
