@@ -1,14 +1,21 @@
 """Discrete-step decode-fleet simulator: the product's measuring instrument.
 
-Semantics (BALANCEROUTE.md): before each step the policy runs an admission round on the
-ready pool; the step takes `a * max_g L_g + b`; every active request generates one token;
-finished requests free their slots at the end of the step; idle time jumps to the next
-arrival. `vllm-dplb` dispatches on arrival into per-worker queues instead.
+Semantics (BALANCEROUTE.md): before each step the policy runs an admission round; the
+step takes `a * max_g L_g + b`; every active request generates one token; finished
+requests free their slots at the end of the step; idle time jumps to the next arrival.
+
+How work is held is the policy's to declare (`Policy.holds_work`):
+
+- pool: a ready request waits in the central pool until the policy admits it into a
+  free slot;
+- worker queues: the policy dispatches each request when it arrives (the block is cut
+  at every arrival so the decision sees the fleet at that moment); the request joins its
+  worker's FCFS queue and starts when that worker has a free slot; it never moves.
 
 Event-driven: between an admission round and the next completion (or the next arrival
-while a slot is free) the active set is fixed and every load grows by its active count per
-step, `L_g(k) = base_g + n_g * k`. The engine computes such a stretch of steps in one
-vectorised block instead of step by step; per-step results are identical.
+that can change a decision) the active set is fixed and every load grows by its active
+count per step, `L_g(k) = base_g + n_g * k`. The engine computes such a stretch of steps
+in one vectorised block instead of step by step; per-step results are identical.
 """
 
 from __future__ import annotations
@@ -160,6 +167,7 @@ def replay(
     predictor = getattr(policy, "predictor", None)
     queued = policy.dispatches_on_arrival
     queues: list[deque[int]] = [deque() for _ in range(workers)]
+    queue_tokens = np.zeros(workers, dtype=np.int64)
     capacity = np.full(workers, batch, dtype=np.int64)
     worker_ids = tuple(range(workers))
     pool = np.empty(0, dtype=np.int64)
@@ -202,6 +210,8 @@ def replay(
                 output[active] - generated,
             ),
             np.array([len(q) for q in queues], dtype=np.int64),
+            queue_tokens.copy(),
+            now,
         )
         ready = ReadyPool(pool, prompt[pool], keys[pool])
         clock = time.perf_counter()
@@ -218,6 +228,7 @@ def replay(
             taken.append(request)
             if queued:
                 queues[g].append(request)
+                queue_tokens[g] += prompt[request]
             else:
                 decided = now if on_arrival_until is None else float(ready_ms[request])
                 fleet.admit(request, g, step, decided, int(prompt[request]), int(output[request]))
@@ -247,6 +258,7 @@ def replay(
             for g in range(workers):
                 while queues[g] and fleet.count[g] < batch:
                     request = queues[g].popleft()
+                    queue_tokens[g] -= prompt[request]
                     fleet.admit(request, g, step, now, int(prompt[request]), int(output[request]))
                     started.append(request)
         if started:
@@ -263,9 +275,10 @@ def replay(
         block_durations = model.a_ms_per_token * block.max(axis=1) + model.b_ms
         ends = now + np.cumsum(block_durations)
         cut_by_arrival = False
-        if (fleet.count < batch).any() and arrived < n_trace:
+        if (queued or (fleet.count < batch).any()) and arrived < n_trace:
             # Stop at the first step boundary at or after the next arrival, so the next
-            # admission round sees it.
+            # admission round sees it (with worker queues every arrival is dispatched at
+            # once, full fleet or not).
             cut = int(np.searchsorted(ends, ready_ms[arrived], side="left"))
             if cut < length:
                 cut_by_arrival = True
@@ -284,9 +297,10 @@ def replay(
         now = float(ends[-1])
         step += length
 
-        if decide_on_arrival and cut_by_arrival and not queued:
+        if decide_on_arrival and cut_by_arrival:
             # A live router decides when the request arrives, during this step, on this
-            # step's state (its finishing requests still hold their slots).
+            # step's state (its finishing requests still hold their slots); a queued
+            # request still starts only at the next boundary.
             upto = int(np.searchsorted(trace_ready_ms, now, side="right"))
             if upto > arrived:
                 pool = np.concatenate((pool, np.arange(arrived, upto, dtype=np.int64)))

@@ -38,7 +38,7 @@ from shadow.stream.fleet import FleetCore
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.items import DispatchItem, StreamItem, decode_stream
 
-DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
+DEFAULT_SHADOW_POLICIES = ("jsq-pool", "br0", "brh-survival")
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Auditor:
             )
             for name in self.config.policies
         }
-        self._jsq = self.policies.get("jsq") or make_policy("jsq")
+        self._jsq = self.policies.get("jsq-pool") or make_policy("jsq-pool")
         horizon = self.policies.get("brh-survival")
         # BR-H scores every choice; the survival policy (if audited) shares its projection.
         self._horizon: BalanceRouteHorizon = (
@@ -183,10 +183,12 @@ class Auditor:
             latency[name] = (time.perf_counter() - started) * 1000.0
             choice = admitted[0].worker if admitted else None
             choices[name] = choice
-            if choice is not None and free[workers.index(choice)] <= 0:
+            # A router with worker queues may send a request to a full worker (it queues).
+            full = choice is not None and free[workers.index(choice)] <= 0
+            if full and not policy.dispatches_on_arrival:
                 invalid.append((name, str(choice), int(free[workers.index(choice)])))
-        jsq_choice = choices.get("jsq")
-        if "jsq" not in choices and any_open:
+        jsq_choice = choices.get("jsq-pool")
+        if "jsq-pool" not in choices and any_open:
             jsq_choice = self._jsq.admit(snapshot, pool)[0].worker
         view_choice = _router_view_jsq(workers, job.router_view) if job.router_view else None
 

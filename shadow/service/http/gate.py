@@ -20,7 +20,7 @@ router = APIRouter()
 
 class DryRunBody(BaseModel):
     candidate: str
-    baseline: str = "jsq"
+    baseline: str = "jsq-pool"
     since: float | None = None
     until: float | None = None
 
