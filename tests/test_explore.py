@@ -164,7 +164,8 @@ def test_violation_timeline_counts_each_kind(service):
 def test_gate_dry_run_is_recorded_and_listed(service):
     client, _ = service
     before = get(client, f"{FLEET}/mode")
-    response = client.post(f"{FLEET}/gate/dry-run", json={"candidate": "br0", "baseline": "jsq-pool"})
+    body = {"candidate": "br0", "baseline": "jsq-pool"}
+    response = client.post(f"{FLEET}/gate/dry-run", json=body)
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["dry_run"] is True and report["verdict"] in (

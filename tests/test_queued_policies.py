@@ -179,3 +179,18 @@ def test_a_worker_queue_admits_in_dispatch_order():
     result = replay(workload, make_policy("jsq"), workers=1, batch=1, step_model=ONE_MS)
     assert result.admit_step.tolist() == [0, 3, 4, 6]
     assert result.finish_step.tolist() == [2, 3, 5, 6]
+
+
+def test_deciding_on_arrival_commits_on_the_state_of_the_step_it_arrives_in():
+    """The live router's timing: r2 is dispatched during step 0 (both workers busy, a tie
+    to w0), and still waits there for r0, as at the boundary."""
+    live = replay(
+        _sticky_workload(),
+        make_policy("jsq"),
+        workers=2,
+        batch=1,
+        step_model=ONE_MS,
+        decide_on_arrival=True,
+    )
+    assert live.worker.tolist() == [0, 1, 0]
+    assert live.admit_step.tolist() == [0, 0, 10]
