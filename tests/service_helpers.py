@@ -21,7 +21,8 @@ from shadow.world.process import ServerProcess
 
 
 def record(path: Path, requests: int = 2500, seed: int = 0, load: float = 1.0):
-    """A JSQ replay of the paper preset, emitted as an event log (known ground truth)."""
+    """A pooled-JSQ (`jsq-pool`, the emulated world's router) replay of the paper preset,
+    emitted as an event log (known ground truth)."""
     model = StepModel()
     workload = retime(
         generate("paper-azure2024", seed=seed, n=requests),
@@ -30,7 +31,7 @@ def record(path: Path, requests: int = 2500, seed: int = 0, load: float = 1.0):
         batch=64,
         step_model=model,
     )
-    result = replay(workload, make_policy("jsq"), workers=8, batch=64, step_model=model)
+    result = replay(workload, make_policy("jsq-pool"), workers=8, batch=64, step_model=model)
     write_events(path, result, workload.prompt_keys)
     return result, workload
 

@@ -16,7 +16,7 @@ from shadow.replay.engine import FleetReplay
 from shadow.replay.workload import StepModel, Workload
 
 MODEL = StepModel(a_ms_per_token=0.01, b_ms=5.0)
-POLICIES = ("jsq", "rr", "random", "br0", "brh-survival", "vllm-dplb")
+POLICIES = ("jsq", "jsq-pool", "rr", "random", "br0", "brh-survival", "vllm-dplb")
 
 
 def workload(seed: int, n: int, rate_per_s: float) -> Workload:

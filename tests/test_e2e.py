@@ -106,10 +106,10 @@ def test_after_the_load_the_mirror_equals_the_engines_and_nothing_was_violated(e
     mirror, running = wait_until(settled)
     assert set(mirror) == {"0", "1", "2", "3"} and all(v == 0 for v in running.values())
     assert client.get("/v1/fleets/default/violations").json()["total"] == 0
-    decisions = client.get("/v1/fleets/default/decisions", params={"policy": "jsq"}).json()
+    decisions = client.get("/v1/fleets/default/decisions", params={"policy": "jsq-pool"}).json()
     assert decisions["total"] == 300
     agreeing = client.get(
-        "/v1/fleets/default/decisions", params={"policy": "jsq", "limit": 1000}
+        "/v1/fleets/default/decisions", params={"policy": "jsq-pool", "limit": 1000}
     ).json()["items"]
     assert sum(d["mirror_jsq_agrees"] for d in agreeing) >= 0.9 * 300
 
@@ -133,7 +133,7 @@ def test_windowed_replay_of_jsq_matches_what_was_observed(e2e):
         assert window["fidelity_step"] == pytest.approx(1.0, abs=0.10), window
         steps = window["policies"]["observed"]["steps"]
         observed += window["policies"]["observed"]["imbalance_mean"] * steps
-        replayed += window["policies"]["jsq"]["imbalance_mean"] * steps
+        replayed += window["policies"]["jsq-pool"]["imbalance_mean"] * steps
     assert replayed / observed == pytest.approx(1.0, abs=0.10)
     fit = client.get("/v1/fleets/default/stepmodel").json()
     assert not fit["fallback"]

@@ -55,10 +55,10 @@ def test_summary_ratios_are_ratios_of_window_sums(service):
     windows = get(client, f"{FLEET}/windows", limit=1000)["items"]
     assert summary["windows"] == len(windows) >= 5
     rows = {r["policy"]: r for r in summary["rows"]}
-    assert [r["policy"] for r in summary["rows"]][:2] == ["observed", "jsq"]
-    assert rows["jsq"]["ratios"]["imbalance"] is None
+    assert [r["policy"] for r in summary["rows"]][:2] == ["observed", "jsq-pool"]
+    assert rows["jsq-pool"]["ratios"]["imbalance"] is None
     br0 = sum(w["policies"]["br0"]["imbalance_mean"] for w in windows)
-    jsq = sum(w["policies"]["jsq"]["imbalance_mean"] for w in windows)
+    jsq = sum(w["policies"]["jsq-pool"]["imbalance_mean"] for w in windows)
     ratio = rows["br0"]["ratios"]["imbalance"]
     assert ratio["point"] == pytest.approx(br0 / jsq)
     assert ratio["ci_low"] <= ratio["point"] <= ratio["ci_high"]
@@ -75,7 +75,7 @@ def test_compare_one_window_has_a_series_per_worker_per_policy(service):
     chosen = windows[2]
     view = get(client, f"{FLEET}/compare", window=chosen["window_index"])
     assert view["windows"] == [chosen["window_index"]]
-    assert list(view["series"]) == ["observed", "jsq", "br0", "brh-survival"]
+    assert list(view["series"]) == ["observed", "jsq-pool", "br0", "brh-survival"]
     assert view["workers"] == [str(g) for g in range(8)]
     for series in view["series"].values():
         assert len(series["loads"]) == 8
@@ -132,7 +132,7 @@ def test_one_decision_shows_its_snapshot_and_every_choice(service):
     assert max(snapshot["f_br0"]) == pytest.approx(detail["f_br0_best"])
     assert snapshot["margins"] == [max(snapshot["loads"]) - v for v in snapshot["loads"]]
     choices = {c["policy"]: c for c in detail["choices"]}
-    assert set(choices) == {"jsq", "br0", "brh-survival"}
+    assert set(choices) == {"jsq-pool", "br0", "brh-survival"}
     assert choices["br0"]["choice"] == row["choice"] and not choices["br0"]["agrees"]
     assert client.get(f"{FLEET}/decisions/999999999").status_code == 404
 
@@ -164,7 +164,8 @@ def test_violation_timeline_counts_each_kind(service):
 def test_gate_dry_run_is_recorded_and_listed(service):
     client, _ = service
     before = get(client, f"{FLEET}/mode")
-    response = client.post(f"{FLEET}/gate/dry-run", json={"candidate": "br0", "baseline": "jsq"})
+    body = {"candidate": "br0", "baseline": "jsq-pool"}
+    response = client.post(f"{FLEET}/gate/dry-run", json=body)
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["dry_run"] is True and report["verdict"] in (

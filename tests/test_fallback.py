@@ -101,7 +101,7 @@ def test_recovery_only_after_r_healthy_windows_and_the_fourth_trip_latches(servi
     def window(index: int, healthy: bool) -> WindowResult:
         incumbent = {"imbalance_mean": 1000.0}
         candidate = {"imbalance_mean": 800.0 if healthy else 2000.0}
-        metrics = {"jsq": incumbent, "brh-survival": candidate}
+        metrics = {"jsq-pool": incumbent, "brh-survival": candidate}
         start = index * 30.0
         return WindowResult("default", index, start, start + 30, 50, 0, StepModel(), metrics,
                             1.0, 1.0)  # fmt: skip

@@ -26,7 +26,7 @@ from tests.service_helpers import Server, batches, post, record
 
 runner = CliRunner()
 REQUESTS = 2500
-POLICIES = ["jsq", "br0", "brh-survival", "slow-jsq", "raising-jsq", "brh-contrarian"]
+POLICIES = ["jsq-pool", "br0", "brh-survival", "slow-jsq", "raising-jsq", "brh-contrarian"]
 DOWN_WORKER = "8"
 OFFSET_WORKER, STEP_OFFSET = 3, 100_000
 
@@ -108,7 +108,7 @@ def test_a_raising_policy_fails_the_errors_rule_and_ingest_goes_on(served):
     assert report["deciding_rule"].startswith("FAIL: HARD rule candidate_errors")
     assert rows["candidate_errors"]["candidate"] == errors["n"]
     # the same evidence holds no error of JSQ itself: the rule fails for this policy alone
-    _, _, jsq_rows = gate(root, db, "jsq")
+    _, _, jsq_rows = gate(root, db, "jsq-pool")
     assert jsq_rows["candidate_errors"]["candidate"] == 0
 
 
@@ -120,7 +120,7 @@ def test_a_slow_policy_fails_the_latency_rule(served):
     assert rows["decision_latency_p99_ms"]["candidate"] > 5.0
     assert rows["candidate_errors"]["candidate"] == 0  # slow, not timed out
     # the round it replaces, timed the same way, is well inside the rule
-    _, _, jsq_rows = gate(root, db, "jsq")
+    _, _, jsq_rows = gate(root, db, "jsq-pool")
     assert jsq_rows["decision_latency_p99_ms"]["label"] == "pass"
 
 
@@ -199,7 +199,7 @@ def test_a_round_past_the_timeout_is_a_counted_error():
 
     snapshot = FleetSnapshot.from_active([4, 4], ActiveSet.from_arrays([0], [100], [3]))
     pool = ReadyPool.from_arrays(["r1", "r2"], [50, 60])
-    late = Auditor("f", AuditConfig(policies=("jsq", "slow-jsq"), decision_timeout_ms=2.0))
+    late = Auditor("f", AuditConfig(policies=("jsq-pool", "slow-jsq"), decision_timeout_ms=2.0))
     round_ = late.run_round(0.0, snapshot, pool)
     assert [policy for policy, _ in round_.errors] == ["slow-jsq"]
     assert "timed out" in round_.errors[0][1] and round_.latency["slow-jsq"] >= 6.0

@@ -63,7 +63,7 @@ def test_metrics_after_recorded_traffic(tmp_path):
     assert found[("shadow_mode", (("fleet", "default"), ("mode", "live")))] == 1.0
     assert found[("shadow_mirror_state_mismatches_total", (("fleet", "default"),))] == 0
     jsq_agreement = found[("shadow_decision_agreement_ratio",
-                           (("fleet", "default"), ("policy", "jsq")))]  # fmt: skip
+                           (("fleet", "default"), ("policy", "jsq-pool")))]  # fmt: skip
     assert jsq_agreement == 1.0
     assert found[("shadow_route_decision_seconds_count", (("policy", "br0"),))] == 1
     step_b = found[("shadow_step_model_fixed_seconds", (("fleet", "default"),))]

@@ -52,7 +52,7 @@ STEPS = ["ready", "dispatch", "steps", "deliver", "finish", "dispatch", "steps",
          "progress", "change worker", "add worker", "deliver", "wrong finish unknown",
          "wrong dispatch again", "wrong after finish", "wrong backwards", "wrong harmless",
          "forget"]  # fmt: skip
-AUDIT = ("jsq", "br0")
+AUDIT = ("jsq-pool", "br0")
 
 #: schema-invalid lines and the field each rejection must name (None: the whole line)
 INVALID_LINES: list[tuple[str, str | None]] = [

@@ -25,7 +25,8 @@ from shadow.policies.subset import best_subset
 from shadow.predict import ExactMatchPredictor, OraclePredictor, SurvivalPredictor
 from tests.strategies import pools, snapshots, trained
 
-SLOT_POLICIES = [name for name in POLICY_NAMES if name != "vllm-dplb"]
+#: the pool policies (the ones with worker queues dispatch everything, full or not)
+SLOT_POLICIES = [name for name in POLICY_NAMES if not make_policy(name).dispatches_on_arrival]
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -209,7 +210,7 @@ def test_br0_fills_the_hole_exactly():
     assert admissions == [("small", 1), ("exact", 1), ("big", 0)]
 
 
-def test_jsq_picks_fewest_active_and_breaks_ties_low():
+def test_jsq_pool_picks_fewest_active_and_breaks_ties_low():
     snapshot = FleetSnapshot.from_workers(
         [
             WorkerView("w0", 4, [ActiveRequest("a", 1, 0), ActiveRequest("b", 1, 0)]),
@@ -218,7 +219,7 @@ def test_jsq_picks_fewest_active_and_breaks_ties_low():
         ]
     )
     pool = ReadyPool.from_requests([ReadyRequest(i, 5) for i in "xyz"])
-    assert [a.worker for a in make_policy("jsq").admit(snapshot, pool)] == ["w1", "w2", "w0"]
+    assert [a.worker for a in make_policy("jsq-pool").admit(snapshot, pool)] == ["w1", "w2", "w0"]
 
 
 def test_ltl_and_rr_by_hand():
@@ -232,13 +233,13 @@ def test_ltl_and_rr_by_hand():
     assert [a.worker for a in rr.admit(snapshot, pool)] == [2, 0]  # the cursor persists
 
 
-def test_vllm_dplb_scores_four_waiting_plus_running():
+def test_vllm_dplb_legacy_scores_four_waiting_plus_running():
     snapshot = FleetSnapshot.from_active(
         [4, 4], ActiveSet.from_arrays([0, 0, 0], [1, 1, 1], [0, 0, 0]), waiting=[0, 1]
     )
     # rank 0: 4*0 + 3 = 3; rank 1: 4*1 + 0 = 4 -> rank 0, then 7 vs 4 -> rank 1, then 7 vs 8.
     pool = ReadyPool.from_arrays(["x", "y", "z"], [1, 1, 1])
-    assert [a.worker for a in make_policy("vllm-dplb").admit(snapshot, pool)] == [0, 1, 0]
+    assert [a.worker for a in make_policy("vllm-dplb-legacy").admit(snapshot, pool)] == [0, 1, 0]
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

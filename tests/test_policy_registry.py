@@ -7,15 +7,17 @@ import pytest
 from shadow.policies import POLICY_NAMES, BalanceRouteHorizon, make_policy, register_policy
 from shadow.predict import ExactMatchPredictor, SurvivalPredictor
 
-#: POLICY_NAMES as it was built by hand before the registry; the order is public (CLI help)
-NAMES_BEFORE_THE_REGISTRY = (
-    "random", "rr", "jsq", "p2c", "ltl", "vllm-dplb",
-    "br0", "brh-survival", "brh-exactmatch", "brh-oracle",
+#: POLICY_NAMES in registration order; the order is public (CLI help, `shadow replay`'s
+#: default): the pool baselines, the routers with worker queues, BR-0/BR-H, BF-IO
+REGISTERED_NAMES = (
+    "random", "rr", "jsq-pool", "p2c", "ltl",
+    "jsq", "ascend-proxy", "vllm-dplb", "vllm-dplb-legacy", "br0-bypass",
+    "br0", "brh-survival", "brh-exactmatch", "brh-oracle", "bf-io-h0", "bf-io",
 )  # fmt: skip
 
 
-def test_registry_names_equal_the_old_tuple():
-    assert POLICY_NAMES == NAMES_BEFORE_THE_REGISTRY
+def test_registry_names_are_the_published_order():
+    assert POLICY_NAMES == REGISTERED_NAMES
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

@@ -25,7 +25,7 @@ def test_two_workers_three_requests_every_metric_by_hand():
     step 1: w0 = 10 + 1 = 11,  w1 = 20 + 1 = 21 T = 21 + 5 = 26   (r0 finishes)
     step 2: w0 = 0,            w1 = 20 + 2 = 22 T = 22 + 5 = 27   (r1 finishes)
     """
-    result = replay(hand_workload(), make_policy("jsq"), workers=2, batch=2, step_model=HAND)
+    result = replay(hand_workload(), make_policy("jsq-pool"), workers=2, batch=2, step_model=HAND)
     assert result.worker_load.tolist() == [[40, 20], [11, 21], [0, 22]]
     assert result.worker_active.tolist() == [[2, 1], [1, 1], [0, 1]]
     assert result.step_duration_ms.tolist() == [45.0, 26.0, 27.0]
@@ -48,7 +48,7 @@ def test_two_workers_three_requests_every_metric_by_hand():
 def test_pool_wait_idle_jumps_and_late_arrivals_by_hand():
     """One worker, one slot: r1 waits for r0; r2 arrives after an idle gap."""
     workload = Workload.from_arrays("wait", [0.0, 0.001, 1.0], [100, 100, 100], [2, 1, 1])
-    result = replay(workload, make_policy("jsq"), workers=1, batch=1, step_model=HAND)
+    result = replay(workload, make_policy("jsq-pool"), workers=1, batch=1, step_model=HAND)
     # r0: steps 0-1 (105, 106 ms); r1 admitted at 211 ms, one step (105); r2 at 1000 ms.
     assert result.step_start_ms.tolist() == [0.0, 105.0, 211.0, 1000.0]
     assert result.admit_ms.tolist() == [0.0, 211.0, 1000.0]
@@ -61,7 +61,7 @@ def test_initial_snapshot_starts_from_the_observed_state():
     initial = [InitialRequest(worker=1, prompt_tokens=50, generated=7, remaining=2)]
     workload = Workload.from_arrays("w", [0.0], [10], [1])
     result = replay(
-        workload, make_policy("jsq"), workers=2, batch=2, step_model=HAND, initial=initial
+        workload, make_policy("jsq-pool"), workers=2, batch=2, step_model=HAND, initial=initial
     )
     # The new request goes to the empty worker 0; worker 1 carries 50 + 7 then 50 + 8.
     assert result.worker_load.tolist() == [[10, 57], [0, 58]]
@@ -160,7 +160,7 @@ def test_default_step_model_is_about_60_ms_at_full_batch_on_the_paper_preset():
 
     model = StepModel()
     workload = retime(generate("paper-azure2024"), load=1.1, workers=8, batch=64, step_model=model)
-    result = replay(workload, make_policy("jsq"), workers=8, batch=64, step_model=model)
+    result = replay(workload, make_policy("jsq-pool"), workers=8, batch=64, step_model=model)
     full = (result.worker_active == 64).all(axis=1)
     assert full.sum() > 1000
     mean_full_ms = result.step_duration_ms[full].mean()

@@ -57,9 +57,9 @@ def test_file_ingest_has_no_violations_and_a_full_audit(file_ingest):
     audit = {r["policy"]: r for r in store.query(
         "SELECT policy, count(*) AS n, avg(agrees::int) AS agree, avg(mirror_jsq_agrees::int) "
         "AS jsq FROM decisions GROUP BY policy")}  # fmt: skip
-    assert set(audit) == {"jsq", "br0", "brh-survival"}
+    assert set(audit) == {"jsq-pool", "br0", "brh-survival"}
     assert all(row["n"] == REQUESTS for row in audit.values())
-    assert audit["jsq"]["agree"] == 1.0 and audit["br0"]["jsq"] == 1.0  # mirror-JSQ = real JSQ
+    assert audit["jsq-pool"]["agree"] == 1.0 and audit["br0"]["jsq"] == 1.0  # mirror-JSQ = real JSQ
     assert audit["br0"]["agree"] < 1.0  # BR-0 really decides differently
     regret = store.query(
         "SELECT min(f_br0_best - f_br0_incumbent) AS low FROM decisions WHERE policy = 'br0'"
@@ -79,13 +79,13 @@ def test_windowed_replay_matches_jsq_and_br_wins_most_windows(file_ingest):
         assert abs(window["fidelity_imbalance"] - 1) <= 0.01, window
         assert abs(window["fidelity_step"] - 1) <= 0.01, window
         observed = metrics[window["window_index"]]["observed"]
-        replayed = metrics[window["window_index"]]["jsq"]
+        replayed = metrics[window["window_index"]]["jsq-pool"]
         for metric in ("tpot_p95_ms", "throughput_tok_s", "gap_mean"):
             assert replayed[metric] == pytest.approx(observed[metric], rel=0.01), metric
     for policy in ("br0", "brh-survival"):
         better = sum(
             metrics[w["window_index"]][policy]["imbalance_mean"]
-            < metrics[w["window_index"]]["jsq"]["imbalance_mean"]
+            < metrics[w["window_index"]]["jsq-pool"]["imbalance_mean"]
             for w in windows
         )
         assert better > len(windows) / 2, (policy, better, len(windows))

@@ -68,7 +68,8 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     config = tmp / "ui.toml"
     # Short windows, evaluated 1 s after they close (not when their last request ends).
     config.write_text(
-        'window_s = 3.0\nwindow_max_lag_s = 1.0\nwindow_policies = ["jsq", "br0", "brh-survival"]\n'
+        "window_s = 3.0\nwindow_max_lag_s = 1.0\n"
+        'window_policies = ["jsq-pool", "br0", "brh-survival"]\n'
     )
     proc = ServerProcess(db, config, demo=True).start()
     try:
@@ -85,9 +86,8 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
                 return page["total"] > 0
 
             wait_until(evidence, 90, ">= 3 evaluated windows and audited disagreements")
-            response = client.post(
-                f"/v1/fleets/{FLEET}/gate/dry-run", json={"candidate": "br0", "baseline": "jsq"}
-            )
+            body = {"candidate": "br0", "baseline": "jsq-pool"}
+            response = client.post(f"/v1/fleets/{FLEET}/gate/dry-run", json=body)
             assert response.status_code == 200, response.text
         yield proc
     finally:

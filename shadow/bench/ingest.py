@@ -46,7 +46,7 @@ def record(root: Path, requests: int, seed: int = 0) -> Recording:
         generate("paper-azure2024", seed=seed, n=requests), load=1.0, workers=8, batch=64,
         step_model=model,
     )  # fmt: skip
-    result = replay(workload, make_policy("jsq"), workers=8, batch=64, step_model=model)
+    result = replay(workload, make_policy("jsq-pool"), workers=8, batch=64, step_model=model)
     log = root / "recorded.jsonl"
     count = write_events(log, result, workload.prompt_keys)
     return Recording(log, count, float(result.step_end_ms[-1]) / 1000.0)

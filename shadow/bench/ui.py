@@ -149,7 +149,7 @@ def _gate_run(db: Path) -> None:
 
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     gate_command(
-        quiet, quiet, db=db, fleet="default", candidate="br0", baseline="jsq", since=None,
+        quiet, quiet, db=db, fleet="default", candidate="br0", baseline="jsq-pool", since=None,
         until=None, thresholds_path=None, show_thresholds=False, json_out=None,
         dry_run=True, allow_marginal=False, explain=None,
     )  # fmt: skip

@@ -69,7 +69,7 @@ def gate(
     token_file: TokenFileOption = None,
     fleet: Annotated[str, typer.Option(help="Fleet to judge.")] = "default",
     candidate: Annotated[str, typer.Option(help="Policy to promote.")] = "brh-survival",
-    baseline: Annotated[str, typer.Option(help="The incumbent.")] = "jsq",
+    baseline: Annotated[str, typer.Option(help="The incumbent.")] = "jsq-pool",
     since: Annotated[float | None, typer.Option(help="Evidence from this time (s).")] = None,
     until: Annotated[float | None, typer.Option(help="Evidence before this time (s).")] = None,
     thresholds: Annotated[

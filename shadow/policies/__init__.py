@@ -1,14 +1,18 @@
 """Routing policies: one interface, a name registry, plain data in and out.
 
-Names are the ones the CLI, configs, the replay JSON and the tests use: `random`, `rr`,
-`jsq`, `p2c`, `ltl`, `vllm-dplb`, `br0`, and BR-H as `brh-survival`, `brh-exactmatch`,
-`brh-oracle` (or `brh` with an explicit predictor).
+Names are the ones the CLI, configs, the replay JSON and the tests use: the pool
+baselines `random`, `rr`, `jsq-pool`, `p2c`, `ltl`; the routers that dispatch on arrival
+into worker queues `jsq`, `ascend-proxy`, `vllm-dplb`, `vllm-dplb-legacy`, `br0-bypass`;
+`br0`, BR-H as `brh-survival`, `brh-exactmatch`, `brh-oracle` (or `brh` with an explicit
+predictor); and BF-IO as `bf-io-h0`, `bf-io`. docs/POLICIES.md states each rule.
 """
 
 from __future__ import annotations
 
-# The registration order is the order of POLICY_NAMES: the baselines, then BR-0 and BR-H.
+# The registration order is the order of POLICY_NAMES: the pool baselines, the routers
+# with worker queues, BR-0 and BR-H, then BF-IO.
 from shadow.policies.baselines import JoinShortestQueuePolicy, LeastTokenLoadPolicy
+from shadow.policies.queued import JoinShortestQueueDispatch
 
 # isort: split
 from shadow.policies.balanceroute import (
@@ -19,7 +23,10 @@ from shadow.policies.balanceroute import (
     project_loads,
     two_stage_admission,
 )
-from shadow.policies.base import Policy
+
+# isort: split
+from shadow.policies.base import HoldsWork, Policy
+from shadow.policies.bfio import BalanceFutureIO
 from shadow.policies.registry import (
     is_balance_route,
     make_policy,
@@ -40,7 +47,10 @@ from shadow.policies.snapshot import (
 
 POLICY_NAMES: tuple[str, ...] = policy_names()
 #: the baselines whose arbitrary choices are ties, which `random_ties` draws at random
-_TIE_BREAKING = {cls.name: cls for cls in (JoinShortestQueuePolicy, LeastTokenLoadPolicy)}
+_TIE_BREAKING = {
+    cls.name: cls
+    for cls in (JoinShortestQueuePolicy, JoinShortestQueueDispatch, LeastTokenLoadPolicy)
+}
 
 
 def make_aa_policy(name: str, seed: int = 1) -> Policy:
@@ -58,10 +68,12 @@ __all__ = [
     "ActiveRequest",
     "ActiveSet",
     "Admission",
+    "BalanceFutureIO",
     "BalanceRouteConfig",
     "BalanceRouteHorizon",
     "BalanceRouteZero",
     "FleetSnapshot",
+    "HoldsWork",
     "Policy",
     "ReadyPool",
     "ReadyRequest",

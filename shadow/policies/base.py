@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from enum import StrEnum
 from typing import ClassVar
 
 from shadow.policies.snapshot import Admission, FleetSnapshot, ReadyPool
+
+
+class HoldsWork(StrEnum):
+    """How a router holds work it cannot start yet (BALANCEROUTE.md, "Baselines and other
+    candidates"): the replay engine models both, so each policy says which is its own."""
+
+    #: a ready request waits centrally until the policy assigns it to a free slot
+    POOL = "pool"
+    #: the router dispatches on arrival; a full worker queues the request in its own
+    #: `waiting` and starts it FCFS when one of its own slots frees (sticky)
+    WORKER_QUEUES = "worker-queues"
 
 
 class Policy(ABC):
@@ -16,9 +28,14 @@ class Policy(ABC):
     """
 
     name: ClassVar[str]
-    #: True for policies that place every request on arrival into per-worker queues
-    #: (`vllm-dplb`) instead of admitting into free slots from a central pool.
-    dispatches_on_arrival: ClassVar[bool] = False
+    #: how this router holds work: the engine runs a pool or per-worker queues for it
+    holds_work: ClassVar[HoldsWork] = HoldsWork.POOL
+
+    @property
+    def dispatches_on_arrival(self) -> bool:
+        """True when every request is placed on arrival into a worker's queue (worker
+        queues) instead of admitted into a free slot from a central pool."""
+        return self.holds_work is HoldsWork.WORKER_QUEUES
 
     @abstractmethod
     def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:

@@ -1,5 +1,7 @@
-"""The incumbent (`jsq`) and the reference policies. They take the pool in ready order,
-one request at a time, and see every earlier admission of the same round."""
+"""The pool baselines: `random`, `rr`, `jsq-pool`, `p2c`, `ltl`. They hold work in the
+prompt pool, take it in ready order, one request at a time, and see every earlier
+admission of the same round. The routers that dispatch on arrival into worker queues
+(`jsq`, `ascend-proxy`, `vllm-dplb`, ...) are in `shadow.policies.queued`."""
 
 from __future__ import annotations
 
@@ -61,9 +63,10 @@ class RoundRobinPolicy(SlotFillingPolicy):
         raise AssertionError("choose called with no free slot")
 
 
-@register_policy("jsq")
+@register_policy("jsq-pool")
 class JoinShortestQueuePolicy(SlotFillingPolicy):
-    """Fewest active requests, ties to the lowest index: the incumbent in the field.
+    """Fewest active requests among workers with a free slot, ties to the lowest index:
+    the first round's `jsq`, and the emulated world's router, which holds a pool.
 
     `random_ties` breaks ties at random instead (seeded): the A/A replay, which shows how
     much a window's metrics move on arbitrary choices alone."""
@@ -104,26 +107,3 @@ class LeastTokenLoadPolicy(SlotFillingPolicy):
         lowest = min(tokens for g, tokens in enumerate(load) if free[g] > 0)
         ties = [g for g, tokens in enumerate(load) if tokens == lowest and free[g] > 0]
         return ties[0] if self._rng is None else self._rng.choice(ties)
-
-
-@register_policy("vllm-dplb")
-class VllmDpLoadBalancerPolicy(Policy):
-    """vLLM's data-parallel balancer: every request goes, on arrival, to the rank with the
-    lowest `4 * waiting + running` (ties: lowest index), which queues what it cannot start.
-    A dispatched request counts as waiting on its rank for the rest of the round."""
-
-    dispatches_on_arrival = True
-
-    def __init__(self, seed: int = 0) -> None:
-        pass
-
-    def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:
-        waiting = snapshot.waiting.tolist()
-        running = snapshot.active_count.tolist()
-        admissions = []
-        for request_id in pool.request_ids:
-            scores = [4 * w + r for w, r in zip(waiting, running, strict=True)]
-            g = scores.index(min(scores))
-            waiting[g] += 1
-            admissions.append(Admission(request_id, snapshot.worker_ids[g]))
-        return admissions

@@ -10,6 +10,7 @@ hand, such as tests and the HTTP API.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -139,6 +140,11 @@ class FleetSnapshot:
     load: np.ndarray
     active: ActiveSet
     waiting: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: prompt tokens of the requests queued at each worker (worker queues; zeros otherwise)
+    waiting_tokens: np.ndarray | None = None
+    #: when the round runs, in ms of the replay's clock (NaN where no clock is kept):
+    #: routers that act on periodically published counts (`vllm-dplb`) read it
+    now_ms: float = math.nan
 
     @property
     def workers(self) -> int:

@@ -1,14 +1,24 @@
 """Discrete-step decode-fleet simulator: the product's measuring instrument.
 
-Semantics (BALANCEROUTE.md): before each step the policy runs an admission round on the
-ready pool; the step takes `a * max_g L_g + b`; every active request generates one token;
-finished requests free their slots at the end of the step; idle time jumps to the next
-arrival. `vllm-dplb` dispatches on arrival into per-worker queues instead.
+Semantics (BALANCEROUTE.md): before each step the policy runs an admission round; the
+step takes `a * max_g L_g + b`; every active request generates one token; finished
+requests free their slots at the end of the step; idle time jumps to the next arrival.
+
+How work is held is the policy's to declare (`Policy.holds_work`):
+
+- pool: a ready request waits in the central pool until the policy admits it into a
+  free slot;
+- worker queues: the policy dispatches each request when it arrives (the block is cut
+  at every arrival so the decision sees the fleet at that moment); the request joins its
+  worker's FCFS queue and starts when that worker has a free slot; it never moves.
 
 Event-driven: between an admission round and the next completion (or the next arrival
-while a slot is free) the active set is fixed and every load grows by its active count per
-step, `L_g(k) = base_g + n_g * k`. The engine computes such a stretch of steps in one
-vectorised block instead of step by step; per-step results are identical.
+that can change a decision) the active set is fixed and every load grows by its active
+count per step, `L_g(k) = base_g + n_g * k`. The engine computes such a stretch of steps
+in one vectorised block instead of step by step; per-step results are identical.
+
+`FleetReplay` is the run itself, resumable: fed arrivals a window at a time (a continuous
+counterfactual) it steps exactly as `replay()` fed them all at once.
 """
 
 from __future__ import annotations
@@ -167,6 +177,7 @@ class _Stretch:
     durations: np.ndarray
     ends: np.ndarray
     count: np.ndarray
+    #: an arrival can cut it: a slot is free, or the policy dispatches on arrival
     has_free: bool
     committed: int = 0
 
@@ -216,6 +227,7 @@ class FleetReplay:
         self.predictor = getattr(policy, "predictor", None)
         self.queued = policy.dispatches_on_arrival
         self.queues: list[deque[int]] = [deque() for _ in range(workers)]
+        self.queue_tokens = np.zeros(workers, dtype=np.int64)
         #: slots per worker (a window's fleet as observed: uneven B, 0 for a draining
         #: worker, which decodes what it holds and takes nothing new); a continuous run
         #: sets it as the fleet changes
@@ -327,6 +339,8 @@ class FleetReplay:
                 output[active] - generated,
             ),
             np.array([len(q) for q in self.queues], dtype=np.int64),
+            self.queue_tokens.copy(),
+            self.now,
         )
         ready = ReadyPool(pool, prompt[pool], keys[pool])
         clock = time.perf_counter()
@@ -342,7 +356,14 @@ class FleetReplay:
             request = int(request_id)
             taken.append(request)
             if self.queued:
+                if self.capacity[g] <= 0 and self.capacity.any():
+                    # its queue would never start: fail loudly instead of stepping forever
+                    raise RuntimeError(
+                        f"policy {self.policy.name} queued request {request} at worker {g}, "
+                        "which takes nothing (capacity 0)"
+                    )
                 self.queues[g].append(request)
+                self.queue_tokens[g] += prompt[request]
             else:
                 decided = (
                     self.now if on_arrival_until is None else float(self.ready_ms.view[request])
@@ -402,6 +423,7 @@ class FleetReplay:
                 for g in range(self.workers):
                     while self.queues[g] and fleet.count[g] < self.capacity[g]:
                         request = self.queues[g].popleft()
+                        self.queue_tokens[g] -= prompt[request]
                         fleet.admit(
                             request, g, self.step, self.now, int(prompt[request]),
                             int(output[request]),
@@ -421,7 +443,8 @@ class FleetReplay:
             ends = now + np.cumsum(block_durations)
             self._stretch = _Stretch(
                 step, now, block, block_durations, ends, fleet.count.copy(),
-                bool((fleet.count < self.capacity).any()),
+                # with worker queues every arrival is dispatched at once, full fleet or not
+                self.queued or bool((fleet.count < self.capacity).any()),
             )  # fmt: skip
             if not self._continue_stretch(frontier):
                 return
@@ -484,9 +507,10 @@ class FleetReplay:
         completions."""
         fleet = self.fleet
         total = self.requests
-        if self.decide_on_arrival and cut_by_arrival and not self.queued:
+        if self.decide_on_arrival and cut_by_arrival:
             # A live router decides when the request arrives, during this step, on this
-            # step's state (its finishing requests still hold their slots).
+            # step's state (its finishing requests still hold their slots); a queued
+            # request still starts only at the next boundary.
             self._join_arrivals()
             self._admission_round(self.step - 1, self.now)
             self._start_admitted()

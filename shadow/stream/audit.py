@@ -49,7 +49,7 @@ from shadow.stream.fleet import FleetCore
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.items import DispatchItem, StreamItem, decode_stream
 
-DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
+DEFAULT_SHADOW_POLICIES = ("jsq-pool", "br0", "brh-survival")
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class Auditor:
             )
             for name in self.config.policies
         }
-        self._jsq = self.policies.get("jsq") or make_policy("jsq")
+        self._jsq = self.policies.get("jsq-pool") or make_policy("jsq-pool")
         horizon = self.policies.get("brh-survival")
         # BR-H scores every choice; the survival policy (if audited) shares its projection.
         self._horizon: BalanceRouteHorizon = (
@@ -195,7 +195,9 @@ class Auditor:
             placed: dict[str, str] = {}
             started = time.thread_time()
             try:
-                admitted = policy.admit(snapshot, pool) if open_slots else []
+                # a router with worker queues dispatches to a full worker too (it queues)
+                queues = policy.dispatches_on_arrival
+                admitted = policy.admit(snapshot, pool) if open_slots or queues else []
             except Exception as error:  # a candidate's bug is evidence, not a crash
                 admitted = []
                 errors.append((name, f"raised {type(error).__name__}: {error}"[:500]))
@@ -209,7 +211,7 @@ class Auditor:
                 taken[str(worker)] = taken.get(str(worker), 0) + 1
             for worker, count in taken.items():
                 room = int(free[workers.index(worker)]) if worker in workers else 0
-                if count > room:
+                if count > room and not policy.dispatches_on_arrival:
                     invalid.append((name, worker, room))
             choices[name] = placed
         return _Round(ts, frozenset(str(r) for r in pool.request_ids), choices, latency,

@@ -9,13 +9,17 @@ from shadow.policies import Admission, FleetSnapshot, Policy, ReadyPool, make_po
 
 class GuardedPolicy(Policy):
     """`policy`'s rounds; one that raises is counted (`errors`, the first `error`) and
-    answered by `fallback` (Round-Robin by default)."""
+    answered by `fallback` (Round-Robin by default; JSQ with worker queues for a policy
+    that dispatches on arrival)."""
 
     def __init__(self, policy: Policy, fallback: Policy | None = None) -> None:
         self.policy = policy
-        self.fallback = fallback if fallback is not None else make_policy("rr")
         self.name = policy.name  # type: ignore[misc]
-        self.dispatches_on_arrival = policy.dispatches_on_arrival  # type: ignore[misc]
+        self.holds_work = policy.holds_work  # type: ignore[misc]
+        # the fallback holds work the same way (a pool round cannot place into a full
+        # fleet, where a worker-queue router must)
+        default = "jsq" if policy.dispatches_on_arrival else "rr"
+        self.fallback = fallback if fallback is not None else make_policy(default)
         #: the replay engine teaches the policy's own predictor, through the guard
         self.predictor = getattr(policy, "predictor", None)
         self.errors = 0

@@ -71,8 +71,8 @@ IMPUTE_HORIZON = 1_000_000
 class WindowConfig:
     length_s: float = field(default=30.0, metadata={"gt": 0})  # metadata: configured bounds
     max_lag_s: float = field(default=600.0, metadata={"gt": 0})
-    policies: tuple[str, ...] = ("jsq", "random", "br0", "brh-survival", "brh-oracle")
-    incumbent: str = "jsq"
+    policies: tuple[str, ...] = ("jsq-pool", "random", "br0", "brh-survival", "brh-oracle")
+    incumbent: str = "jsq-pool"
     history_limit: int = 20_000
     balance_route: BalanceRouteConfig = field(default_factory=BalanceRouteConfig)
 

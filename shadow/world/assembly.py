@@ -32,7 +32,7 @@ class WorldOptions:
     workers: int = 4
     batch: int = 16
     time_scale: float = 1.0
-    router_policy: str = "jsq"
+    router_policy: str = "jsq-pool"
     progress_interval_s: float = 0.1
     fleet: str = "default"
     step_model: StepModel = field(default_factory=StepModel)

@@ -300,7 +300,7 @@ class RealWorldOptions:
     servers: tuple[ServerSpec, ...] = (ServerSpec(dp=2),)
     #: slots the router and the tap announce per worker
     capacity: int = 16
-    router_policy: str = "jsq"
+    router_policy: str = "jsq-pool"
     progress_interval_s: float = 0.1
     fleet: str = "default"
     token_file: Path | None = None

@@ -1,6 +1,7 @@
 """The incumbent router: an OpenAI-compatible proxy that picks the decode worker by JSQ
-(fewest requests in flight, ties to the lowest index), like the vllm-ascend example
-proxy; `rr` selectable.
+over a ready pool (`jsq-pool`: fewest requests in flight among workers with a free slot,
+ties to the lowest index); `rr` selectable. The replay names it `jsq-pool`, not `jsq`
+(which dispatches on arrival into worker queues), because it holds a pool.
 
 As in BALANCEROUTE.md, a request whose prefill is done waits in the router's ready pool
 (oldest first) until some worker has a free slot (`capacity` in flight); only then is it
@@ -30,7 +31,7 @@ from shadow.events import FinishEvent, ReadyEvent
 from shadow.world.event_wire import sink_fields
 from shadow.world.tap import HOP_BY_HOP, prompt_hash_of, prompt_tokens_of, proxy_client
 
-POLICIES = ("jsq", "rr")
+POLICIES = ("jsq-pool", "rr")
 
 
 class Router:
@@ -40,7 +41,7 @@ class Router:
         upstream: str,
         *,
         capacity: int,
-        policy: str = "jsq",
+        policy: str = "jsq-pool",
         sink: HttpEventSink | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:

@@ -23,7 +23,7 @@ def world_tap_config(
     workers: dict[str, str],
     *,
     capacity: int,
-    policy: str = "jsq",
+    policy: str = "jsq-pool",
     progress_interval_s: float = 0.1,
     fleet: str = "default",
 ) -> TapConfig:

@@ -27,7 +27,7 @@ router = APIRouter()
 
 class DryRunBody(BaseModel):
     candidate: str
-    baseline: str = "jsq"
+    baseline: str = "jsq-pool"
     since: float | None = None
     until: float | None = None
 
@@ -36,7 +36,7 @@ class GateRunBody(BaseModel):
     """A gate run to record (what `shadow gate --url` sends without --dry-run)."""
 
     candidate: str = Field(description="the policy to promote")
-    baseline: str = Field("jsq", description="the incumbent")
+    baseline: str = Field("jsq-pool", description="the incumbent")
     since: float | None = Field(None, description="evidence from this time (Unix s)")
     until: float | None = Field(None, description="evidence before this time (Unix s)")
     thresholds: dict[str, Any] | None = Field(
@@ -105,7 +105,7 @@ def _run(store: Store, request: GateRequest) -> dict[str, Any]:
 
 @router.get("/v1/fleets/{fleet}/gate", responses=report_responses(200))
 def gate_now(
-    fleet: str, store: Store, state: State, candidate: Candidate, baseline: Baseline = "jsq",
+    fleet: str, store: Store, state: State, candidate: Candidate, baseline: Baseline = "jsq-pool",
     since: Since = None, until: Until = None, thresholds: ThresholdsQuery = None,
     horizon: HorizonQuery = None,
 ) -> JSONResponse:  # fmt: skip
@@ -132,7 +132,7 @@ def gate_record(fleet: str, body: GateRunBody, store: Store, state: State) -> JS
 def gate_flagger(
     fleet: str, store: Store, state: State, payload: FlaggerPayload | None = None,
     candidate: Annotated[str | None, Query(description="the policy to promote")] = None,
-    baseline: Baseline = "jsq",
+    baseline: Baseline = "jsq-pool",
 ) -> JSONResponse:  # fmt: skip
     """Flagger's webhook (`pre-rollout`, `confirm-promotion`): 200 only on PASS, 412 with the
     report otherwise. A dry run (needs only `read`: Flagger sends no header)."""
@@ -149,7 +149,7 @@ def gate_flagger(
 @router.get("/v1/fleets/{fleet}/gate/explain", response_model=GateExplanation)
 def gate_explain(
     fleet: str, store: Store, state: State, metric: str, candidate: Candidate,
-    baseline: Baseline = "jsq", since: Since = None, until: Until = None,
+    baseline: Baseline = "jsq-pool", since: Since = None, until: Until = None,
     thresholds: ThresholdsQuery = None, horizon: HorizonQuery = None,
 ) -> dict[str, str]:  # fmt: skip
     """`shadow gate --explain METRIC`: one rule's evaluation and its bootstrap (nothing is

@@ -63,7 +63,7 @@ class FleetState:
         self.engine_steps = 0
         self.late_events = 0
         self.window_failures = 0
-        self.incumbent = "jsq"
+        self.incumbent = "jsq-pool"
         self.stored_windows: set[int] = set()
         #: engine scrapes waiting for the mirror to reach their time: (ts, worker, sample)
         self.pending_samples: list[tuple[float, str, Any]] = []

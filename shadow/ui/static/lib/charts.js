@@ -9,15 +9,21 @@ export { uPlot };
 export const POLICY_COLORS = {
   observed: "#8b95a5",
   jsq: "#3f4f66",
+  "jsq-pool": "#64748b",
   rr: "#a16207",
   random: "#9333ea",
   p2c: "#0e7490",
   ltl: "#be185d",
   "vllm-dplb": "#65a30d",
+  "vllm-dplb-legacy": "#84cc16",
+  "ascend-proxy": "#b45309",
+  "br0-bypass": "#60a5fa",
   br0: "#2563eb",
   "brh-survival": "#ea580c",
   "brh-exactmatch": "#059669",
   "brh-oracle": "#16a34a",
+  "bf-io-h0": "#c026d3",
+  "bf-io": "#a21caf",
   aa: "#b6bfcc",
 };
 const EXTRA = ["#7c3aed", "#db2777", "#0891b2", "#ca8a04", "#4d7c0f", "#9f1239"];
@@ -25,15 +31,21 @@ const EXTRA = ["#7c3aed", "#db2777", "#0891b2", "#ca8a04", "#4d7c0f", "#9f1239"]
 const NAMES = {
   observed: "Observed",
   jsq: "JSQ",
+  "jsq-pool": "JSQ (pool)",
   rr: "Round-Robin",
   random: "Random",
   p2c: "Power-of-2",
   ltl: "LTL",
   "vllm-dplb": "vLLM DPLB",
+  "vllm-dplb-legacy": "vLLM DPLB (4w + r)",
+  "ascend-proxy": "Ascend proxy",
+  "br0-bypass": "BR-0 bypass",
   br0: "BR-0",
   "brh-survival": "BR-H survival",
   "brh-exactmatch": "BR-H exact-match",
   "brh-oracle": "BR-H oracle",
+  "bf-io-h0": "BF-IO H=0",
+  "bf-io": "BF-IO",
   aa: "A/A noise",
 };
 

@@ -9,7 +9,7 @@ import { card, emptyState, loading, pageHeader, ratioCell, refreshButton, setRea
 import { listParam, numParam, onlySortChanged, params, setParams } from "../lib/state.js";
 import { table } from "../lib/table.js";
 
-const ORDER = ["observed", "jsq", "rr", "random", "p2c", "ltl", "vllm-dplb", "br0", "brh-survival", "brh-exactmatch", "brh-oracle", "aa"];
+const ORDER = ["observed", "jsq", "jsq-pool", "rr", "random", "p2c", "ltl", "ascend-proxy", "vllm-dplb", "vllm-dplb-legacy", "br0-bypass", "br0", "brh-survival", "brh-exactmatch", "brh-oracle", "bf-io-h0", "bf-io", "aa"];
 
 function orderPolicies(list, incumbent) {
   const rank = (p) => (p === "observed" ? -2 : p === incumbent ? -1 : ORDER.indexOf(p) === -1 ? 99 : ORDER.indexOf(p));

@@ -78,7 +78,7 @@ export default {
     );
 
     function renderForm() {
-      const baseline = ctx.info?.incumbent || "jsq";
+      const baseline = ctx.info?.incumbent || "jsq-pool";
       const opts = [...new Set([...(policies || []), ...CANDIDATES])].filter((x) => x !== "observed" && x !== "aa");
       const cand = h("select", { name: "candidate", "aria-label": "Candidate" }, opts.filter((x) => x !== baseline).map((x) => h("option", { value: x, selected: x === "brh-survival" }, policyLabel(x))));
       const base = h("select", { name: "baseline", "aria-label": "Baseline" }, [...new Set([baseline, ...opts])].map((x) => h("option", { value: x, selected: x === baseline }, policyLabel(x))));

@@ -7,7 +7,7 @@ import { card, emptyState, loading, pageHeader, refreshButton, setReady, showErr
 import { listParam, onlySortChanged, params, setParams } from "../lib/state.js";
 import { table } from "../lib/table.js";
 
-const ORDER = ["random", "rr", "jsq", "p2c", "ltl", "vllm-dplb", "br0", "brh-survival", "brh-exactmatch", "brh-oracle"];
+const ORDER = ["random", "rr", "jsq", "jsq-pool", "p2c", "ltl", "ascend-proxy", "vllm-dplb", "vllm-dplb-legacy", "br0-bypass", "br0", "brh-survival", "brh-exactmatch", "brh-oracle", "bf-io-h0", "bf-io"];
 const rank = (p) => (ORDER.indexOf(p) === -1 ? 99 : ORDER.indexOf(p));
 
 /** A value with its ratio to the run's JSQ beneath, coloured by the better direction. */
@@ -82,11 +82,12 @@ export default {
         replace(cmpHost, card(null, emptyState("Select two or more runs to compare.", "Tick the runs above; each one gets its imbalance-over-time chart and a column in the table.")));
         return () => {};
       }
-      // Rows: policy x run, with the ratio against the run's JSQ (the paper's baseline).
+      // Rows: policy x run, with the ratio against the run's JSQ (the paper's baseline;
+      // the pooled JSQ of runs that have no worker-queue JSQ).
       const rows = [];
       for (const run of runs) {
         const sums = run.summaries || run.policies || [];
-        const base = sums.find((s) => s.policy === "jsq");
+        const base = sums.find((s) => s.policy === "jsq") || sums.find((s) => s.policy === "jsq-pool");
         for (const s of sums) {
           rows.push({
             ...s,
