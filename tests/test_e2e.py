@@ -29,8 +29,13 @@ def start_world(tmp_path, window_s: float = 5.0, staleness_s: float = 3.0):
         f'[[engines]]\nworker = "{w}"\nurl = "{u}"\n' for w, u in addresses.workers.items()
     )
     config = tmp_path / "service.toml"
+    # reset windows: this suite checks that a window replayed from the observed state
+    # reproduces what the fleet did; a continuous run is never resynced, and on this live
+    # world its JSQ imbalance drifted 0.86-1.13x from the observed over 3 minutes
+    # (docs/GATE.md)
     config.write_text(
-        f"window_s = {window_s}\nstaleness_s = {staleness_s}\npoll_interval_s = 0.25\n{engines}"
+        f"staleness_s = {staleness_s}\npoll_interval_s = 0.25\n{engines}"
+        f'[windows]\nlength_s = {window_s}\nmode = "reset"\n'
     )
     server = ServerProcess(tmp_path / "e2e.duckdb", config, port=port).start()
     return world, server, addresses
@@ -134,6 +139,10 @@ def test_windowed_replay_of_jsq_matches_what_was_observed(e2e):
         steps = window["policies"]["observed"]["steps"]
         observed += window["policies"]["observed"]["imbalance_mean"] * steps
         replayed += window["policies"]["jsq-pool"]["imbalance_mean"] * steps
+    print(
+        f"\nimbalance replayed/observed {replayed / observed:.3f}; fidelity_step "
+        f"{[round(w['fidelity_step'], 3) for w in windows]}"
+    )
     assert replayed / observed == pytest.approx(1.0, abs=0.10)
     fit = client.get("/v1/fleets/default/stepmodel").json()
     assert not fit["fallback"]

@@ -203,4 +203,4 @@ def test_a_round_past_the_timeout_is_a_counted_error():
     round_ = late.run_round(0.0, snapshot, pool)
     assert [policy for policy, _ in round_.errors] == ["slow-jsq"]
     assert "timed out" in round_.errors[0][1] and round_.latency["slow-jsq"] >= 6.0
-    assert round_.choices["slow-jsq"] == round_.choices["jsq"] == {"r1": "1", "r2": "0"}
+    assert round_.choices["slow-jsq"] == round_.choices["jsq-pool"] == {"r1": "1", "r2": "0"}

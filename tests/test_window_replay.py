@@ -89,7 +89,7 @@ class _KeepingSpecs(ThreadPoolExecutor):
         self.specs: list[WindowSpec] = []
 
     def submit(self, fn, /, *args, **kwargs):
-        self.specs.append(args[0])
+        self.specs.append(args[-1])  # the spec: the last argument in either window mode
         return super().submit(fn, *args, **kwargs)
 
 

@@ -80,6 +80,7 @@ def collect_evidence(
                 _metrics(found.get(AA)),
                 window["fidelity_imbalance"],
                 window["fidelity_step"],
+                window.get("run_start"),
             )
         )
 

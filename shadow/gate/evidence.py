@@ -34,6 +34,8 @@ class WindowPair:
     aa: dict[str, float] | None = None
     fidelity_imbalance: float | None = None
     fidelity_step: float | None = None
+    #: continuous runs: the window they started from (None: replayed on its own start)
+    run_start: int | None = None
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,17 @@ def paired_ratio_bootstrap(
     resamples: int = 10_000,
     confidence: float = 0.95,
     seed: int = 0,
+    block: int = 1,
 ) -> BootstrapResult:
     """Bootstrap sum(candidate) / sum(incumbent) over windows drawn with replacement.
 
     Windows are resampled as pairs (the same index for both arms). A window whose
     incumbent or candidate value is not finite is dropped first: a ratio of sums with a
-    NaN in it says nothing. Deterministic for the same inputs, `resamples` and `seed`.
+    NaN in it says nothing. With `block` > 1 it is a moving-block bootstrap: runs of
+    `block` consecutive windows are drawn (start uniform over the n - block + 1 runs)
+    until n windows are drawn, so that the correlation between neighbouring windows of
+    a continuous run stays inside each draw. Deterministic for the same inputs,
+    `resamples`, `seed` and `block`.
     """
     inc = np.asarray(incumbent, dtype=np.float64).ravel()
     cand = np.asarray(candidate, dtype=np.float64).ravel()
@@ -52,6 +57,8 @@ def paired_ratio_bootstrap(
         raise ValueError(f"paired arrays differ in length: {inc.shape[0]} vs {cand.shape[0]}")
     if resamples < 1:
         raise ValueError("resamples must be >= 1")
+    if block < 1:
+        raise ValueError("block must be >= 1")
     if not 0.0 < confidence < 1.0:
         raise ValueError("confidence must be in (0, 1)")
     keep = np.isfinite(inc) & np.isfinite(cand)
@@ -63,10 +70,17 @@ def paired_ratio_bootstrap(
     rng = np.random.default_rng(seed)
     samples = np.empty(resamples, dtype=np.float64)
     rows = max(1, _CHUNK_CELLS // n)
+    block = min(block, n)
+    blocks = -(-n // block)  # draws of one block per resample, trimmed to n windows
     with np.errstate(divide="ignore", invalid="ignore"):
         for start in range(0, resamples, rows):
             stop = min(resamples, start + rows)
-            idx = rng.integers(0, n, size=(stop - start, n))
+            if block == 1:
+                idx = rng.integers(0, n, size=(stop - start, n))
+            else:
+                starts = rng.integers(0, n - block + 1, size=(stop - start, blocks))
+                runs = starts[:, :, None] + np.arange(block)[None, None, :]
+                idx = runs.reshape(stop - start, blocks * block)[:, :n]
             samples[start:stop] = np.take(cand, idx).sum(axis=1) / np.take(inc, idx).sum(axis=1)
         point = float(cand.sum() / inc.sum()) if inc.sum() != 0 else _zero_ratio(cand.sum())
     alpha = 1.0 - confidence

@@ -32,6 +32,8 @@ _INT_FIELDS = frozenset(
         "min_windows",
         "min_decisions",
         "bootstrap_resamples",
+        "bootstrap_block_windows",
+        "warmup_windows",
         "seed",
     }
 )
@@ -50,6 +52,8 @@ _DOCS = {
     "min_windows": "evidence: paired windows needed",
     "min_decisions": "evidence: audited decisions needed",
     "bootstrap_resamples": "bootstrap resamples over windows",
+    "bootstrap_block_windows": "continuous windows: consecutive windows resampled together",
+    "warmup_windows": "continuous windows: dropped after each start of the runs",
     "confidence": "confidence level of the bootstrap intervals",
     "seed": "bootstrap seed (same evidence, same verdict)",
     "dry_run": "metrics computed and printed but never deciding",
@@ -77,6 +81,12 @@ class Thresholds:
     min_windows: int = 30
     min_decisions: int = 2000
     bootstrap_resamples: int = 10_000
+    #: a continuous run's neighbouring windows share requests (a long one lives for
+    #: minutes): blocks of this many consecutive windows are resampled together
+    bootstrap_block_windows: int = 4
+    #: windows after each start of the continuous runs left out: the fleet the candidate
+    #: inherited from the incumbent must drain first
+    warmup_windows: int = 4
     confidence: float = 0.95
     seed: int = 0
     dry_run: frozenset[str] = field(default_factory=frozenset)

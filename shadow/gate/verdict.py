@@ -96,6 +96,10 @@ class _Arrays:
 def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateReport:
     """Judge the evidence: rows per metric, then the verdict in GATE.md's order."""
     t = thresholds if thresholds is not None else Thresholds()
+    evidence = after_warmup(evidence, t.warmup_windows)
+    block = t.bootstrap_block_windows if any(
+        getattr(w, "run_start", None) is not None for w in evidence.windows
+    ) else 1  # fmt: skip
     try:
         arrays = _read(evidence)
     except _Unreadable as exc:
@@ -143,13 +147,13 @@ def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateRepo
         ("noise_floor.tpot_p95", "tpot_p95_ms"),
         ("noise_floor.imbalance", "imbalance_mean"),
     ):
-        boot[floor] = _bootstrap(arrays.inc[key], arrays.aa[key], t)
+        boot[floor] = _bootstrap(arrays.inc[key], arrays.aa[key], t, block)
     for metric, key in (
         ("throughput_ratio", "throughput_tok_s"),
         ("tpot_p95_ratio", "tpot_p95_ms"),
         ("imbalance_ratio", "imbalance_mean"),
     ):
-        boot[metric] = _bootstrap(arrays.inc[key], arrays.cand[key], t)
+        boot[metric] = _bootstrap(arrays.inc[key], arrays.cand[key], t, block)
         add(
             *_ratio_row(
                 metric, arrays.inc[key], arrays.cand[key], boot[metric], t,
@@ -583,10 +587,25 @@ def _report(
     return GateReport(verdict, EXIT_CODES[verdict], sentence, rows, boot, ev, t)
 
 
-def _bootstrap(inc: np.ndarray, cand: np.ndarray, t: Thresholds) -> BootstrapResult:
+def _bootstrap(inc: np.ndarray, cand: np.ndarray, t: Thresholds, block: int = 1) -> BootstrapResult:
     return paired_ratio_bootstrap(
-        inc, cand, resamples=t.bootstrap_resamples, confidence=t.confidence, seed=t.seed
+        inc, cand, resamples=t.bootstrap_resamples, confidence=t.confidence, seed=t.seed,
+        block=block,
+    )  # fmt: skip
+
+
+def after_warmup(evidence: Evidence, warmup: int) -> Evidence:
+    """The evidence without the first `warmup` windows after each start of the
+    continuous runs (their fleet still holds what the incumbent placed); windows replayed
+    on their own (no `run_start`) are all kept."""
+    kept = tuple(
+        w
+        for w in evidence.windows
+        if getattr(w, "run_start", None) is None or w.window_index - w.run_start >= warmup
     )
+    if len(kept) == len(evidence.windows):
+        return evidence
+    return dataclasses.replace(evidence, windows=kept)
 
 
 def _m(x: float) -> str:

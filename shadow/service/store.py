@@ -420,7 +420,7 @@ class ServiceStore:
             conn.execute(
                 text(
                     "INSERT OR REPLACE INTO windows VALUES (:fleet, :index, :t_start, :t_end, "
-                    ":requests, :imputed, :a, :b, :fitted, :fid_imb, :fid_step)"
+                    ":requests, :imputed, :a, :b, :fitted, :fid_imb, :fid_step, :run_start)"
                 ),
                 {
                     "fleet": result.fleet,
@@ -434,6 +434,7 @@ class ServiceStore:
                     "fitted": fitted,
                     "fid_imb": _finite(result.fidelity_imbalance),
                     "fid_step": _finite(result.fidelity_step),
+                    "run_start": result.run_start,
                 },
             )
             rows = [

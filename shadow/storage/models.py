@@ -289,6 +289,8 @@ class WindowRow(Base):
     step_model_fitted: Mapped[bool] = mapped_column(Boolean, nullable=False)
     fidelity_imbalance: Mapped[float | None] = mapped_column(Double)
     fidelity_step: Mapped[float | None] = mapped_column(Double)
+    #: the window its continuous runs started from (None: replayed on its own)
+    run_start: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class WindowMetricRow(Base):

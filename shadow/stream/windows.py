@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -75,6 +76,10 @@ class WindowConfig:
     incumbent: str = "jsq-pool"
     history_limit: int = 20_000
     balance_route: BalanceRouteConfig = field(default_factory=BalanceRouteConfig)
+    #: "continuous": each policy's own fleet runs on from the evidence's start, fed every
+    #: window's arrivals (stream/continuous.py); "reset": each window replayed from its
+    #: observed start with only its arrivals (kept to compare, and for a single window)
+    mode: Literal["continuous", "reset"] = "continuous"
 
 
 @dataclass
@@ -139,6 +144,8 @@ class WindowSpec:
     capacity: tuple[int, ...] | None = None
     #: prompt keys of `history` (ExactMatch learns by key)
     history_keys: np.ndarray | None = None
+    #: the first `pool` of `arrivals` were waiting at the window's start (arrived before)
+    pool: int = 0
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,8 @@ class WindowResult:
     trajectories: dict[str, Trajectory] = field(default_factory=dict)
     #: policy -> (rounds that raised, the first error) in this window's replay
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: continuous runs: the window they started from; None: replayed on its own
+    run_start: int | None = None
 
 
 def evaluate_window(spec: WindowSpec) -> WindowResult:
@@ -236,8 +245,8 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
     incumbent = metrics.get(spec.incumbent)
     fidelity_imbalance = fidelity_step = math.nan
     if incumbent is not None:
-        fidelity_imbalance = _ratio(incumbent["imbalance_mean"], spec.observed["imbalance_mean"])
-        fidelity_step = _ratio(incumbent["step_ms_mean"], spec.observed["step_ms_mean"])
+        fidelity_imbalance = ratio(incumbent["imbalance_mean"], spec.observed["imbalance_mean"])
+        fidelity_step = ratio(incumbent["step_ms_mean"], spec.observed["step_ms_mean"])
     return WindowResult(
         spec.fleet,
         spec.index,
@@ -254,7 +263,8 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
     )
 
 
-def _ratio(a: float, b: float) -> float:
+def ratio(a: float, b: float) -> float:
+    """a / b, 1 for 0 / 0, inf for x / 0, NaN when either is NaN."""
     if b == 0:
         return 1.0 if a == 0 else math.inf
     return a / b if not (math.isnan(a) or math.isnan(b)) else math.nan
@@ -404,8 +414,10 @@ class WindowTracker:
 
     # -- evaluation -----------------------------------------------------------------
 
-    def due(self, now: float) -> list[int]:
-        """Closed windows whose requests all finished, or that waited past the lag."""
+    def due(self, now: float, *, force: bool = False) -> list[int]:
+        """Closed windows whose requests all finished, or that waited past the lag; with
+        `force` (the end of a recorded log: no finish will come) every closed window,
+        its unfinished lengths imputed."""
         ready = []
         for index, window in list(self.windows.items()):
             if window.t_end is None:
@@ -419,7 +431,7 @@ class WindowTracker:
                 for rid in window.request_ids()
                 if rid in self.requests
             )
-            if done or now - window.t_end > self.config.max_lag_s:
+            if force or done or now - window.t_end > self.config.max_lag_s:
                 ready.append(index)
         return ready
 
@@ -481,6 +493,7 @@ class WindowTracker:
             observed_trajectory=observed_path,
             capacity=window.capacity,
             history_keys=window.history_keys,
+            pool=len(window.pool),
         )
 
     def close(self, t_end: float) -> None:

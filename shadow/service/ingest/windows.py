@@ -1,9 +1,14 @@
-"""Window scheduling: due windows are replayed (inline or in a worker process), stored
-and judged; each fleet's step model is refitted from its engine steps first."""
+"""Window scheduling: due windows are evaluated (inline or in a worker process), stored
+and judged; each fleet's step model is refitted from its engine steps first.
+
+With `[windows] mode = "continuous"` (the default) a window is a piece of each policy's
+continuous run (stream/continuous.py), whose state lives in the process that evaluates
+the windows: the windows go there in index order, each only after every earlier one."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING
@@ -14,12 +19,26 @@ from shadow.analysis.stepmodel import fit_step_model
 from shadow.replay.workload import StepModel
 from shadow.service.ingest.apply import FleetState
 from shadow.service.store import ServiceStore
-from shadow.stream.windows import WindowResult, evaluate_window
+from shadow.stream.continuous import ContinuousCounterfactuals
+from shadow.stream.windows import WindowResult, WindowSpec, evaluate_window
 
 if TYPE_CHECKING:
     from shadow.service.ingest.pipeline import PipelineConfig
 
 log = logging.getLogger("shadow.service.ingest.pipeline")
+
+#: the continuous runs of each (scheduler, fleet), in the process that evaluates windows
+#: (the window worker process, or the service's own when windows are evaluated inline)
+_CONTINUOUS: dict[tuple[str, str], ContinuousCounterfactuals] = {}
+
+
+def evaluate_continuous(owner: str, spec: WindowSpec) -> WindowResult:
+    """Window `spec` from its fleet's continuous runs (started on the first one)."""
+    key = (owner, spec.fleet)
+    runs = _CONTINUOUS.get(key)
+    if runs is None:
+        runs = _CONTINUOUS[key] = ContinuousCounterfactuals(spec.fleet)
+    return runs.evaluate(spec)
 
 
 class WindowScheduler:
@@ -37,6 +56,9 @@ class WindowScheduler:
         self.executor = executor
         self.fleets = fleets
         self._pending: list[tuple[FleetState, Future[WindowResult]]] = []
+        self.continuous = config.windows.mode == "continuous"
+        #: this scheduler's runs in the evaluating process (another service's are others)
+        self.owner = uuid.uuid4().hex
         self.windows_evaluated = 0
         #: called with (fleet state, window result) after each stored window (the modes)
         self.on_window: Callable[[FleetState, WindowResult], None] | None = None
@@ -69,7 +91,14 @@ class WindowScheduler:
             tracker = state.tracker
             if close and tracker.current is not None and tracker.current.t_end is None:
                 tracker.close(state.mirror.now)
-            due = tracker.due(state.mirror.now)
+            due = tracker.due(state.mirror.now, force=close)
+            if self.continuous:  # in index order: a window only after every earlier one
+                ready = set(due)
+                due = []
+                for index in sorted(tracker.windows):
+                    if index not in ready:
+                        break
+                    due.append(index)
             if not due:
                 continue
             fresh = [i for i in due if i not in state.stored_windows]
@@ -81,15 +110,17 @@ class WindowScheduler:
             model, fitted = self.step_model(state)
             for index in fresh:
                 spec = tracker.spec(index, model)
+                job = (evaluate_continuous, self.owner, spec) if self.continuous else (
+                    evaluate_window, spec)  # fmt: skip
                 if self.executor is None:
                     try:
-                        result = evaluate_window(spec)
+                        result = job[0](*job[1:])
                     except Exception:
                         self._failed(state, index)
                     else:
                         self._store(state, result, fitted)
                 else:
-                    future = self.executor.submit(evaluate_window, spec)
+                    future = self.executor.submit(*job)
                     future.fitted = fitted  # type: ignore[attr-defined]
                     future.index = index  # type: ignore[attr-defined]
                     self._pending.append((state, future))

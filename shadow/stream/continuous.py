@@ -1,0 +1,261 @@
+"""Continuous counterfactuals: each evaluated policy drives its own simulated copy of the
+fleet, fed every window's observed arrivals, and is never reset to the incumbent's state.
+
+A per-window replay starts each window from the incumbent's state and holds only that
+window's arrivals, so most of what it measures was placed by the incumbent (a long
+request lives for minutes), and below saturation it measures step speed rather than
+sustained throughput: measured on recorded traffic, its interval missed the end-to-end
+truth. Here every policy's fleet starts once, from the first window's observed state
+(active requests with their true remaining lengths), and from then on sees only what the
+real fleet saw: arrivals at their observed times with their true output lengths (or, past
+the maximum lag, lengths imputed by the Survival predictor and flagged), capacity changes
+and workers going down. The incumbent is replayed the same way: the candidate is compared
+with the replayed incumbent (same simulator, same arrivals), and the replayed incumbent
+with the observed fleet is the fidelity check.
+
+Windows are consecutive pieces of these runs: window k's metrics are measured on each
+run's steps that start inside it, with the same definitions as the observed fleet's
+(`window_metrics`). Because the runs carry over, neighbouring windows are correlated:
+the gate's interval resamples blocks of consecutive windows and drops a warm-up after
+each start (GATE.md). A run starts again (and says so: `run_start`) only when it cannot
+go on: the first window, a window missing in between (a restart of the service, a window
+that failed), or a fleet whose worker set changed.
+
+Exactness: `FleetReplay` waits at the frontier of the known arrivals and goes on exactly
+there, so a run fed window by window steps bit for bit as the whole replay of the same
+arrivals (tests/test_continuous_replay.py); over recorded traffic the windows' sums are
+the full replay's totals, which is what the bias test checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shadow.policies import Policy, make_aa_policy, make_policy
+from shadow.replay import InitialRequest
+from shadow.replay.engine import FleetReplay
+from shadow.stream.guard import GuardedPolicy
+from shadow.stream.trajectory import Trajectory, bucket
+from shadow.stream.window_metrics import span_metrics, tpot_inside
+from shadow.stream.windows import AA, OBSERVED, WindowResult, WindowSpec, ratio
+
+#: the A/A run's arrival jitter seed (fixed: the same evidence, the same floor)
+AA_SEED = 7919
+
+
+@dataclass
+class _Steps:
+    """Steps computed but not yet assigned to a window (they start after its end)."""
+
+    first_step: int = 0
+    start_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
+    end_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
+    duration_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
+    load: np.ndarray | None = None
+    active: np.ndarray | None = None
+
+    def extend(self, block) -> None:
+        if self.load is None:
+            self.first_step = block.first_step
+            self.load, self.active = block.worker_load, block.worker_active
+            self.start_ms, self.end_ms = block.start_ms, block.end_ms
+            self.duration_ms = block.duration_ms
+            return
+        assert self.active is not None
+        self.start_ms = np.concatenate((self.start_ms, block.start_ms))
+        self.end_ms = np.concatenate((self.end_ms, block.end_ms))
+        self.duration_ms = np.concatenate((self.duration_ms, block.duration_ms))
+        self.load = np.concatenate((self.load, block.worker_load))
+        self.active = np.concatenate((self.active, block.worker_active))
+
+    def split(self, before_ms: float) -> _Steps:
+        """The steps that start before `before_ms`, removed from this buffer."""
+        cut = int(np.searchsorted(self.start_ms, before_ms, side="left"))
+        assert self.load is not None and self.active is not None
+        head = _Steps(
+            self.first_step, self.start_ms[:cut], self.end_ms[:cut], self.duration_ms[:cut],
+            self.load[:cut], self.active[:cut],
+        )  # fmt: skip
+        self.first_step += cut
+        self.start_ms, self.end_ms = self.start_ms[cut:], self.end_ms[cut:]
+        self.duration_ms = self.duration_ms[cut:]
+        self.load, self.active = self.load[cut:], self.active[cut:]
+        return head
+
+
+@dataclass
+class _Run:
+    name: str
+    guarded: GuardedPolicy
+    fleet: FleetReplay
+    #: worker order of this run's fleet (the A/A run's relabelling; else identity)
+    order: np.ndarray
+    jitter: np.random.Generator | None = None
+    steps: _Steps = field(default_factory=_Steps)
+    errors_seen: int = 0
+    last_ready_ms: float = 0.0
+
+
+class ContinuousCounterfactuals:
+    """One fleet's continuous runs, evaluated window by window (`evaluate`, in order)."""
+
+    def __init__(self, fleet: str) -> None:
+        self.fleet = fleet
+        self.runs: list[_Run] = []
+        self.origin: float | None = None
+        self.last_index: int | None = None
+        self.workers = 0
+        self.run_start: int | None = None
+        #: how many times the runs had to start again
+        self.starts = 0
+
+    def evaluate(self, spec: WindowSpec) -> WindowResult:
+        """Window `spec.index`'s metrics from the runs, after feeding them its arrivals."""
+        fresh = (
+            not self.runs
+            or self.last_index is None
+            or spec.index != self.last_index + 1
+            or spec.workers != self.workers
+        )
+        if fresh:
+            self._start(spec)
+        assert self.origin is not None
+        self.last_index = spec.index
+        w0 = (spec.t_start - self.origin) * 1000.0
+        w1 = (spec.t_end - self.origin) * 1000.0
+        # a pool at a continued window's start arrived in earlier windows, already fed
+        first = 0 if fresh else spec.pool
+        arrivals = spec.arrivals
+        ready = w0 + arrivals.ready_s[first:] * 1000.0
+        capacity = np.asarray(
+            spec.capacity if spec.capacity is not None else (spec.batch,) * spec.workers,
+            dtype=np.int64,
+        )
+        metrics: dict[str, dict[str, float]] = {OBSERVED: spec.observed}
+        trajectories: dict[str, Trajectory] = {}
+        if spec.observed_trajectory is not None:
+            trajectories[OBSERVED] = spec.observed_trajectory
+        errors: dict[str, tuple[int, str]] = {}
+        for run in self.runs:
+            run.fleet.model = spec.step_model
+            slots = np.empty_like(capacity)
+            slots[run.order] = capacity
+            run.fleet.capacity[:] = slots
+            times = ready
+            if run.jitter is not None:  # A/A: up to one step later (stream/aa.py)
+                step_ms = spec.observed.get("step_ms_mean", math.nan)
+                step_ms = step_ms if step_ms > 0 else spec.step_model.b_ms
+                times = ready + run.jitter.uniform(0.0, step_ms, ready.shape[0])
+            # kept in ready order across windows (a jittered arrival may pass the next one)
+            times = np.maximum.accumulate(np.maximum(times, run.last_ready_ms))
+            if times.size:
+                run.last_ready_ms = float(times[-1])
+            run.fleet.add_requests(
+                times,
+                arrivals.prompt_tokens[first:],
+                arrivals.output_tokens[first:],
+                arrivals.prompt_keys[first:],
+            )
+            run.fleet.advance(w1)
+            run.steps.extend(run.fleet.take_steps())
+            inside = run.steps.split(w1)
+            metrics[run.name] = self._measure(run, inside, w0, w1)
+            if run.name != AA:
+                assert inside.load is not None
+                trajectories[run.name] = bucket(
+                    inside.start_ms - w0, inside.duration_ms, inside.load[:, run.order],
+                    w1 - w0,
+                )  # fmt: skip
+            if run.guarded.errors > run.errors_seen:
+                errors[run.name] = (run.guarded.errors - run.errors_seen, run.guarded.error)
+                run.errors_seen = run.guarded.errors
+        incumbent = metrics.get(spec.incumbent)
+        fidelity_imbalance = fidelity_step = math.nan
+        if incumbent is not None:
+            fidelity_imbalance = ratio(incumbent["imbalance_mean"], spec.observed["imbalance_mean"])
+            fidelity_step = ratio(incumbent["step_ms_mean"], spec.observed["step_ms_mean"])
+        return WindowResult(
+            spec.fleet,
+            spec.index,
+            spec.t_start,
+            spec.t_end,
+            len(arrivals) - first + (len(spec.initial) if fresh else 0),
+            spec.imputed,
+            spec.step_model,
+            metrics,
+            fidelity_imbalance,
+            fidelity_step,
+            trajectories,
+            errors,
+            run_start=self.run_start,
+        )
+
+    def _start(self, spec: WindowSpec) -> None:
+        """New runs from this window's observed start state."""
+        self.origin = spec.t_start
+        self.workers = spec.workers
+        self.run_start = spec.index
+        self.starts += 1
+        capacity = spec.capacity if spec.capacity is not None else (spec.batch,) * spec.workers
+        self.runs = []
+        identity = np.arange(spec.workers)
+        for name in spec.policies:
+            policy = make_policy(name, config=spec.balance_route)
+            self.runs.append(self._run(name, policy, spec, spec.initial, identity))
+        if spec.incumbent in spec.policies:
+            seed = AA_SEED + spec.index
+            order = np.random.default_rng(seed).permutation(spec.workers)  # new position
+            moved = tuple(dataclasses.replace(r, worker=int(order[r.worker])) for r in spec.initial)
+            aa = self._run(AA, make_aa_policy(spec.incumbent, seed=seed), spec, moved, order)
+            aa.jitter = np.random.default_rng(seed)
+            self.runs.append(aa)
+        del capacity
+
+    def _run(
+        self,
+        name: str,
+        policy: Policy,
+        spec: WindowSpec,
+        initial: tuple[InitialRequest, ...],
+        order: np.ndarray,
+    ) -> _Run:
+        predictor = getattr(policy, "predictor", None)
+        if predictor is not None and predictor.name != "oracle" and spec.history.size:
+            predictor.observe_many(spec.history, spec.history_keys)
+        guarded = GuardedPolicy(policy)
+        fleet = FleetReplay(
+            guarded,
+            workers=spec.workers,
+            batch=spec.batch,
+            step_model=spec.step_model,
+            initial=initial,
+            decide_on_arrival=spec.decide_on_arrival,
+        )
+        return _Run(name, guarded, fleet, order)
+
+    @staticmethod
+    def _measure(run: _Run, steps: _Steps, w0: float, w1: float) -> dict[str, float]:
+        """The window metrics of a run's steps inside the window (window_metrics'
+        definitions): TPOT of each request that decoded there, pool wait of each request
+        dispatched there."""
+        assert steps.load is not None and steps.active is not None
+        view = run.fleet.requests_view()
+        n = steps.start_ms.shape[0]
+        g0, g1 = steps.first_step, steps.first_step + n - 1
+        admitted = view["worker"] >= 0
+        overlap = admitted & (view["finish_step"] >= g0) & (view["admit_step"] <= g1)
+        first = np.maximum(view["admit_step"][overlap] - g0, 0)
+        last = np.minimum(view["finish_step"][overlap] - g0, n - 1)
+        tpot = tpot_inside(steps.end_ms, first, last) if n else np.empty(0)
+        admit_ms = view["admit_ms"]
+        with np.errstate(invalid="ignore"):
+            inside = (admit_ms >= w0) & (admit_ms < w1) & np.isfinite(view["ready_ms"])
+        wait = admit_ms[inside] - view["ready_ms"][inside]
+        return span_metrics(
+            steps.start_ms, steps.duration_ms, steps.load, steps.active.sum(axis=1),
+            (w1 - w0) / 1000.0, tpot, wait,
+        )  # fmt: skip
