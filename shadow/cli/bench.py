@@ -386,3 +386,28 @@ def bench_tap(
     if json_out is not None:
         json_out.write_text(json.dumps(bench.as_json(result), indent=2) + "\n")
         console.print(f"wrote {json_out}")
+
+
+@bench_app.command("bias")
+def bench_bias(
+    incumbent: Annotated[str, typer.Option(help="The recorded incumbent.")] = "jsq-pool",
+    requests: Annotated[int, typer.Option(min=500, help="Requests per recorded load.")] = 10_000,
+    mode: Annotated[
+        str, typer.Option(help="Window mode: continuous (default) or reset.")
+    ] = "continuous",
+    workdir: BenchWorkdir = None,
+) -> None:
+    """The gate's estimates against the truth (full replays) at loads 0.8, 1.0 and 1.1."""
+    import tempfile
+
+    from shadow.bench import bias
+
+    if mode not in ("continuous", "reset"):
+        raise fail(f"--mode: must be continuous or reset, got {mode!r}", code=2)
+    with tempfile.TemporaryDirectory() as scratch:
+        root = workdir or Path(scratch)
+        cells = []
+        for load in bias.LOADS:
+            with console.status(f"load {load}: recording, ingesting, judging"):
+                cells += bias.measure(root, incumbent, load, requests, mode)
+        console.out(bias.table(cells), highlight=False)
