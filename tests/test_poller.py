@@ -640,9 +640,10 @@ def fleet_with_active(active: int) -> FleetCore:
 
 
 def drift(core: FleetCore, samples: list[dict]) -> list[str]:
+    """Scrapes 1.5 s apart: three span the 3 s a drift must last (drift_min_s)."""
     found = []
     for i, sample in enumerate(samples):
-        found += core.checker.on_engine_sample(core.mirror, 1.0 + i, "w0", **sample)
+        found += core.checker.on_engine_sample(core.mirror, 1.0 + 1.5 * i, "w0", **sample)
     return [v.detail for v in found]
 
 
@@ -651,11 +652,11 @@ def test_drift_tolerates_requests_waiting_for_kv_transfer() -> None:
     assert drift(fleet_with_active(10), [dict(running=4, deferred=6)] * 5) == []
     # the same without the split: drift (the old check, unchanged)
     found = drift(fleet_with_active(10), [dict(running=4)] * 5)
-    assert found == ["w0: mirror has 10 active, engine reports 4 running for 3 scrapes"]
+    assert found == ["w0: mirror has 10 active, engine reports 4 running for 3 scrapes over 3.0 s"]
     # only 2 deferred: 4 more than the engine holds for a reason
     found = drift(fleet_with_active(10), [dict(running=4, deferred=2)] * 3)
     assert found == [
-        "w0: mirror has 10 active, engine reports 4 running (+2 waiting excused) for 3 scrapes"
+        "w0: mirror has 10 active, engine reports 4 running (+2 waiting excused) for 3 scrapes over 3.0 s"
     ]
     # deferred never excuses a mirror that misses requests the engine runs
     assert len(drift(fleet_with_active(2), [dict(running=8, deferred=6)] * 3)) == 1
@@ -685,7 +686,7 @@ def test_drift_tolerates_requests_in_the_engines_waiting_queue() -> None:
     ]
     found = drift(fleet_with_active(10), samples)
     assert found == [
-        "w0: mirror has 10 active, engine reports 5 running (+2 waiting excused) for 3 scrapes"
+        "w0: mirror has 10 active, engine reports 5 running (+2 waiting excused) for 3 scrapes over 3.0 s"
     ]
     # waiting never excuses a mirror that misses requests the engine runs
     assert len(drift(fleet_with_active(2), [dict(running=8, capacity_waiting=6)] * 3)) == 1
