@@ -15,7 +15,7 @@ def test_bench_router_writes_the_documented_json(tmp_path):
     assert {(c["policy"], c["workers"], c["free_slots"]) for c in cases} == {
         (policy, workers, free)
         for policy in ("br0", "brh-survival")
-        for workers, free in ((8, 8), (8, 64), (64, 64))
+        for workers, free in ((8, 8), (8, 64), (64, 64), (256, 256))
     }
     for case in cases:
         assert set(case) >= {
