@@ -37,6 +37,7 @@ from shadow.predict.predictors import SurvivalPredictor
 from shadow.stream.fleet import FleetCore
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.items import DispatchItem, StreamItem, decode_stream
+from shadow.stream.projection import MaintainedProjection
 
 DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
 
@@ -89,6 +90,9 @@ class AuditJob:
     incumbent_policy: str
     router_view: Mapping[str, object] | None
     snapshot: FleetSnapshot
+    #: BR-H's projection of `snapshot`, when the caller keeps one (`MaintainedProjection`);
+    #: None: the auditor projects the snapshot itself
+    projection: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ class Auditor:
             for name in self.config.policies
         }
         self._jsq = self.policies.get("jsq") or make_policy("jsq")
+        #: the projection kept across dispatches of the mirror this auditor follows
+        self.projection = MaintainedProjection(self.predictor, self.config.balance_route.horizon)
         horizon = self.policies.get("brh-survival")
         # BR-H scores every choice; the survival policy (if audited) shares its projection.
         self._horizon: BalanceRouteHorizon = (
@@ -165,7 +171,9 @@ class Auditor:
         loads = snapshot.load
         margins = (loads.max() - loads).astype(np.float64)
         br0 = prompt - snapshot.workers * np.maximum(0.0, prompt - margins)
-        projection = self._horizon.project(snapshot)
+        projection = job.projection
+        if projection is None:
+            projection = self._horizon.project(snapshot)
         brh = horizon_scores(projection, self.config.balance_route, prompt)
         scored = open_mask if any_open else np.ones_like(open_mask)
 
@@ -270,12 +278,14 @@ class AuditFollower:
         assert audit is not None
         mirror = core.mirror
         request = mirror.requests.get(item.request_id)
+        snapshot = mirror.snapshot()
         return auditor.audit(
             AuditJob(
                 audit.ingest_id, item.fleet, item.ts, item.request_id,
                 request.prompt_tokens if request is not None else 0,
                 request.prompt_key if request is not None else int(NO_KEY),
-                item.worker, audit.policy, audit.router_view, mirror.snapshot(),
+                item.worker, audit.policy, audit.router_view, snapshot,
+                auditor.projection.current(mirror, snapshot),
             )
         )  # fmt: skip
 

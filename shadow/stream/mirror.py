@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +102,7 @@ class WorkerState:
         "starting",
         "state",
         "steps",
+        "version",
         "worker_id",
     )
 
@@ -117,6 +119,10 @@ class WorkerState:
         #: dispatched requests not yet seen in a step (a dispatch lands mid-step in a
         #: live fleet: the request first decodes in the next step)
         self.starting: list[RequestState] = []
+        #: raised by every change of the worker's active set or their generated counts,
+        #: so a reader can tell which workers changed since it last looked
+        #: (`stream.projection`)
+        self.version = 0
 
     @property
     def load(self) -> int:
@@ -192,6 +198,20 @@ class FleetMirror:
         """An event of a request the mirror does not know, from before the forget
         horizon: most likely a late duplicate of a forgotten request, so it is ignored."""
         return ts < self.forgotten_before and request_id not in self.requests
+
+    def worker_versions(self) -> np.ndarray:
+        """Every worker's `version`, in join order."""
+        return np.fromiter((w.version for w in self.order), np.int64, len(self.order))
+
+    def active_of(self, workers: Sequence[int]) -> ActiveSet:
+        """The active requests of the given workers (join-order indices), as `snapshot`'s
+        columns would hold them: a gather of their slots, not a scan of the fleet."""
+        order = self.order
+        slots = np.fromiter((r.slot for g in workers for r in order[g].active.values()), np.int64)
+        worker = self._slot_worker[slots]
+        steps = np.fromiter((w.steps for w in order), np.int64, len(order))
+        generated = steps[worker] - self._slot_offset[slots]
+        return ActiveSet(worker, self._slot_prompt[slots], generated, self._slot_key[slots], None)
 
     def loads(self) -> np.ndarray:
         return np.array([w.load for w in self.order], dtype=np.int64)
@@ -283,6 +303,7 @@ class FleetMirror:
         worker.prompt_sum += request.prompt_tokens
         worker.offset_sum += request.offset
         worker.starting.append(request)
+        worker.version += 1
         self._take_slot(request, worker)
         return request
 
@@ -301,6 +322,7 @@ class FleetMirror:
             if lag > 0:  # the engine says it is further along than the steps we saw
                 request.offset -= lag
                 worker.offset_sum -= lag
+                worker.version += 1
                 self._slot_offset[request.slot] = request.offset
 
     def apply_finish(
@@ -381,6 +403,7 @@ class FleetMirror:
         del worker.active[request.request_id]
         worker.prompt_sum -= request.prompt_tokens
         worker.offset_sum -= request.offset
+        worker.version += 1
         self._slot_used[request.slot] = False
         self._free_slots.append(request.slot)
         request.slot = -1
@@ -433,6 +456,7 @@ class FleetMirror:
         worker.starting = waiting
         worker.last_step = step
         worker.steps += 1
+        worker.version += 1
         return view
 
     def forget_finished(self, before_ts: float) -> int:
