@@ -46,9 +46,10 @@ def test_metrics_after_recorded_traffic(tmp_path):
         "shadow_decision_agreement_ratio", "shadow_decision_regret_tokens", "shadow_mode",
         "shadow_fallback_trips", "shadow_route_decision_seconds_count",
         "shadow_mirror_state_mismatches_total", "shadow_predictor_calibration_auc",
-        "shadow_audit_backlog_batches",
+        "shadow_audit_backlog_batches", "shadow_audit_lag_seconds",
     ):  # fmt: skip
         assert name in names, name
+    assert found[("shadow_audit_lag_seconds", ())] == 0.0  # flushed: the audit caught up
     assert all(name.startswith("shadow_") for name in names if not name.startswith("python_"))
     # Declared even when the latest window has no value for it (no arrivals: no pool wait).
     declared = {f.name for f in text_string_to_metric_families(response.text)}

@@ -305,6 +305,11 @@ class ServiceCollector(Collector):
             "decisions are not stored yet (growing: the audit cannot keep up).",
             value=runtime.pipeline.audit_backlog,
         )  # fmt: skip
+        yield GaugeMetricFamily(
+            "shadow_audit_lag_seconds", "Seconds of fleet time (event time) the decision "
+            "audit is behind the applied stream; 0 when it has caught up.",
+            value=runtime.pipeline.audit_lag_s,
+        )  # fmt: skip
         violations = CounterMetricFamily(
             "shadow_invariant_violations", "Invariant violations, each counted once.",
             labels=["fleet", "kind", "severity"],

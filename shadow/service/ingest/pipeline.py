@@ -506,6 +506,11 @@ class Pipeline:
         backlog that keeps growing means the worker cannot keep up with ingest."""
         return self._audits.backlog
 
+    @property
+    def audit_lag_s(self) -> float:
+        """Seconds of fleet time the audit is behind the applied stream (0: caught up)."""
+        return self._audits.lag_s
+
     def flush_audits(self) -> None:
         """Wait for every audit in flight and store its decisions."""
         with self.lock:
