@@ -15,12 +15,12 @@ and decisions the other, never snapshots.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import msgspec
 import numpy as np
 
 from shadow.policies import (
@@ -40,6 +40,9 @@ from shadow.stream.items import DispatchItem, StreamItem, decode_stream
 from shadow.stream.projection import MaintainedProjection
 
 DEFAULT_SHADOW_POLICIES = ("jsq", "br0", "brh-survival")
+#: the frozen snapshot's JSON (msgspec: a tenth of `json.dumps`'s time at G = 256, where
+#: the snapshot is 1,800 numbers and written for every audited dispatch)
+_encode_json = msgspec.json.Encoder().encode
 
 
 @dataclass(frozen=True)
@@ -198,18 +201,17 @@ class Auditor:
             jsq_choice = self._jsq.admit(snapshot, pool)[0].worker
         view_choice = _router_view_jsq(workers, job.router_view) if job.router_view else None
 
-        frozen = json.dumps(
+        frozen = _encode_json(
             {
-                "workers": [str(w) for w in workers],
+                "workers": list(map(str, workers)),
                 "loads": loads.tolist(),
                 "active": snapshot.active_count.tolist(),
                 "capacity": snapshot.capacity.tolist(),
                 "margins": margins.tolist(),
                 "f_br0": np.round(br0, 3).tolist(),
                 "f_brh": np.round(brh, 3).tolist(),
-            },
-            separators=(",", ":"),
-        )
+            }
+        ).decode()
         br0_best = float(br0[scored].max())
         brh_best = float(brh[scored].max())
         decisions = []

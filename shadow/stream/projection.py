@@ -41,7 +41,7 @@ class MaintainedProjection:
 
     def current(self, mirror: FleetMirror, snapshot: FleetSnapshot) -> np.ndarray:
         """`Lhat` of the mirror now; `snapshot` is its `snapshot()` of now (the caller has
-        it already: a full rebuild reads its active set, a partial one only its loads).
+        it already): the changed workers' rows are taken from its active set.
 
         The returned array is this object's own: callers must not write to it
         (`BalanceRouteHorizon.admit` copies a projection it is given)."""
@@ -60,12 +60,15 @@ class MaintainedProjection:
         if changed.size:
             if changed.size > self.full_rebuild_share * versions.shape[0]:
                 return self._rebuild(snapshot, versions, predictor_version)
-            active = mirror.active_of(changed.tolist())
+            is_changed = np.zeros(versions.shape[0], dtype=bool)
+            is_changed[changed] = True
+            active = snapshot.active
+            rows = np.flatnonzero(is_changed[active.worker])
             position = np.zeros(versions.shape[0], dtype=np.int64)
             position[changed] = np.arange(changed.size)
             local = ActiveSet(
-                position[active.worker], active.prompt_tokens, active.generated,
-                active.prompt_keys, None,
+                position[active.worker[rows]], active.prompt_tokens[rows],
+                active.generated[rows], active.prompt_keys[rows], None,
             )  # fmt: skip
             contribution = self.predictor.predict(local, self.horizon).contribution
             projection[changed] = project_loads(load[changed], local, contribution, self.horizon)
