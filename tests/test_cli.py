@@ -187,3 +187,29 @@ def test_replay_stores_the_run_in_duckdb_and_db_upgrade_is_idempotent(tmp_path):
         assert loads.shape == (summaries["br0"]["steps"], 4) and (active <= 8).all()
     upgraded = runner.invoke(app, ["db", "upgrade", "--db", str(db)])
     assert upgraded.exit_code == 0 and "0009" in upgraded.output
+
+
+def test_bench_fleet_reports_rates_audit_and_storage(tmp_path):
+    """A small fleet, file pass only: the report's numbers hang together."""
+    out = tmp_path / "fleet.json"
+    result = runner.invoke(app, ["bench", "fleet", "--workers", "8", "--batch", "8",
+                                 "--minutes", "0.3", "--no-http", "--workdir", str(tmp_path),
+                                 "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["events"] == sum(report["by_kind"].values())
+    assert report["by_kind"]["worker"] == 8
+    assert report["by_kind"]["dispatch"] == report["by_kind"]["ready"] > 0
+    assert report["fleet_seconds"] <= 0.3 * 60
+    assert report["required_events_per_s"] == report["events"] / report["fleet_seconds"]
+    assert report["audit"]["audited"] == report["by_kind"]["dispatch"]
+    assert report["file"]["events"] == report["events"]
+    assert report["file"]["ratio"] > 0
+    assert report["gib_per_day"] > 0
+    assert "GiB per day" in result.output and "required real-time rate" in result.output
+
+
+def test_bench_fleet_refuses_the_counterfactuals_it_does_not_have():
+    result = runner.invoke(app, ["bench", "fleet", "--counterfactuals", "--minutes", "0.1"])
+    assert result.exit_code == 2
+    assert "issue 22" in result.output
