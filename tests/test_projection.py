@@ -70,6 +70,7 @@ def test_the_maintained_projection_equals_the_rebuilt_one(workers, operations):
         elif kind == "audit" and len(mirror.order) < 6:
             mirror.apply_worker(ts, f"w{len(mirror.order)}", 8, "up")
         snapshot = mirror.snapshot()
+        assert mirror.running == sum(len(w.active) for w in mirror.order) == len(snapshot.active)
         kept = maintained.current(mirror, snapshot)
         rebuilt = policy.project(snapshot)
         assert kept.shape == rebuilt.shape

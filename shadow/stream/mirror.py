@@ -195,6 +195,8 @@ class FleetMirror:
         self._versions = np.zeros(64, dtype=np.int64)
         #: the per-worker columns of the last `snapshot`, and the versions they are of
         self._columns = _WorkerColumns()
+        #: requests running on any worker (the sum of the workers' active counts)
+        self.running = 0
 
     def _bump(self, worker: WorkerState) -> None:
         """Record a change of the worker (see `WorkerState.version`)."""
@@ -341,6 +343,7 @@ class FleetMirror:
         request.last_seen_ts = ts
         request.offset = worker.steps - request.progress
         worker.active[request_id] = request
+        self.running += 1
         worker.prompt_sum += request.prompt_tokens
         worker.offset_sum += request.offset
         worker.starting.append(request)
@@ -442,6 +445,7 @@ class FleetMirror:
     def _release(self, worker: WorkerState, request: RequestState) -> None:
         request.progress = max(request.progress, worker.steps - request.offset)
         del worker.active[request.request_id]
+        self.running -= 1
         worker.prompt_sum -= request.prompt_tokens
         worker.offset_sum -= request.offset
         self._bump(worker)

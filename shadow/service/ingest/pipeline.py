@@ -395,7 +395,7 @@ class Pipeline:
             state = self.fleets.get(fleet)
             if state is not None:
                 mirror = state.mirror
-                held = len(mirror.pool) + sum(len(w.active) for w in mirror.order)
+                held = len(mirror.pool) + mirror.running
                 if held >= limits.max_active_per_fleet:
                     return ("active_per_fleet", "request_id", f"fleet {fleet!r} holds "
                             f"max_active_per_fleet ({limits.max_active_per_fleet}) ready or "
