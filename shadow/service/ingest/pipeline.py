@@ -56,6 +56,10 @@ class PipelineConfig:
     seq_window: int = 1_000_000
     ghost_sweep_every_s: float = 5.0
     audit_enabled: bool = True
+    #: audit an even sample of dispatches while the audit worker falls behind (its
+    #: backlog at half of `max_audit_backlog`), instead of making ingest wait for it;
+    #: off: every dispatch is audited (`stream.sampling`)
+    audit_sampling: bool = False
     windows_enabled: bool = True
     step_fit_min_samples: int = 50
     default_step_model: StepModel = field(default_factory=StepModel)
@@ -462,6 +466,10 @@ class Pipeline:
             self._forget_finished(stream)
         self._audits.submit(stream)
         decisions, audited = self._audits.collect()
+        if self.config.audit_sampling:
+            high = max(2, self.config.limits.max_audit_backlog // 2)
+            for state in self.fleets.values():
+                state.sampler.adapt(self._audits.backlog, high)
         batch = batch if batch is not None else EventBatch()
         self._applier.take_finish_updates(batch)
         while not self._incoming_samples.empty():
