@@ -444,3 +444,14 @@ def test_histogram_text():
     assert sum(int(line.split()[-1]) for line in lines) == 1000
     assert max(line.count("#") for line in lines) == 20
     assert histogram_text(np.array([])) == "(no finite samples)"
+
+
+def test_the_evidence_says_when_its_decisions_are_a_sample():
+    from shadow.gate.command import _sample_note
+
+    full = make_evidence(decisions=4000, dispatches=4000)
+    sampled = make_evidence(decisions=1000, dispatches=4000)
+    assert full.audited_share == 1.0 and _sample_note(full) == ""
+    assert sampled.audited_share == 0.25
+    assert _sample_note(sampled) == ", a 25% sample of 4,000"
+    assert make_evidence(dispatches=None).audited_share is None

@@ -98,11 +98,20 @@ def gate_command(
     return report.exit_code
 
 
+def _sample_note(evidence) -> str:
+    """`, a 25% sample of 4,000` when the audit sampled; nothing when it audited all."""
+    share = evidence.audited_share
+    if share is None or share >= 1.0:
+        return ""
+    return f", a {share:.0%} sample of {evidence.dispatches:,}"
+
+
 def _print(console: Console, report) -> None:
     evidence = report.evidence
     table = Table(
         title=f"Gate: {evidence.candidate} vs {evidence.baseline} on fleet {evidence.fleet} "
-        f"({len(evidence.windows)} windows, {evidence.decisions:,} audited dispatches)"
+        f"({len(evidence.windows)} windows, {evidence.decisions:,} audited dispatches"
+        f"{_sample_note(evidence)})"
     )
     for column in ("metric", "role", "n", "incumbent", "candidate", "ratio", "95% CI",
                    "margin", "label", "rule"):  # fmt: skip
