@@ -32,6 +32,9 @@ def test_metrics_after_recorded_traffic(tmp_path):
         )
         client.post("/v1/route", json={"requests": [{"request_id": "x", "prompt_tokens": 10}]})
         response = client.get("/metrics")
+        fleets = {f["fleet"]: f for f in client.get("/v1/fleets").json()}
+    # what the UI shows of the audit's sampler: nothing skipped, every dispatch audited
+    assert fleets["default"]["audit"] == {"audited": 400, "skipped": 0, "stride": 1}
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     found = samples(response.text)
