@@ -280,9 +280,19 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
 # -- pass 2: from a file --------------------------------------------------------------
 
 
-def ingest_file(recording: FleetRecording, db: Path, note: Callable[[str], None]) -> dict:
+def _service_config(db: Path, audit_sampling: bool) -> Path:
+    """The service's TOML for a pass: windows off; the audit's sampling as asked."""
+    config = db.with_suffix(".toml")
+    sampling = "true" if audit_sampling else "false"
+    config.write_text(f"[ingest]\nwindows_enabled = false\naudit_sampling = {sampling}\n")
+    return config
+
+
+def ingest_file(
+    recording: FleetRecording, db: Path, note: Callable[[str], None], audit_sampling: bool = False
+) -> dict:
     """The pipeline of `shadow ingest`, as fast as it goes, with the audit worker."""
-    runtime = Runtime(load_settings(None, db=db, windows=False))
+    runtime = Runtime(load_settings(_service_config(db, audit_sampling), db=db))
     pipeline = runtime.pipeline
     samples: list[Sample] = []
     events = 0
@@ -372,12 +382,12 @@ def ingest_http(
     note: Callable[[str], None],
     slice_s: float = 0.25,
     senders: int = 4,
+    audit_sampling: bool = False,
 ) -> dict:
     """`shadow serve` fed at the fleet's real-time rate: the stream cut into `slice_s` of
     fleet time, slice `i` sent by sender `i % senders` once it has happened (a fleet has
     many sources posting at once; slices stay within the reorder window of each other)."""
-    config = db.with_suffix(".toml")
-    config.write_text("windows = false\n")
+    config = _service_config(db, audit_sampling)
     slices = _slices(recording.log, slice_s)
     server = ServerProcess(db, config).start()
     acked = _Acked()
@@ -416,7 +426,8 @@ def ingest_http(
                 time.sleep(0.5)
                 if time.monotonic() - started < next_sample:
                     continue
-                lag = _metric(client.get("/metrics").text, "shadow_audit_lag_seconds")
+                metrics = client.get("/metrics").text
+                lag = _metric(metrics, "shadow_audit_lag_seconds")
                 cpu, rss = _footprint(pid)
                 used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
                 with acked.lock:
@@ -427,7 +438,9 @@ def ingest_http(
                 note(_line("http", sample))
                 next_sample += SAMPLE_S
             sent_s = time.monotonic() - started
-            end_lag = _metric(client.get("/metrics").text, "shadow_audit_lag_seconds")
+            metrics = client.get("/metrics").text
+            end_lag = _metric(metrics, "shadow_audit_lag_seconds")
+            skipped = _metric(metrics, "shadow_audit_skipped_total")
             cpu, rss = _footprint(pid)
             used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
             behind = max(acked.behind_s.values(), default=0.0)
@@ -441,6 +454,8 @@ def ingest_http(
     summary = _summary(samples, acked.events, sent_s, recording.required_events_per_s)
     summary |= {
         "senders": senders,
+        "audit_sampling": audit_sampling,
+        "audit_skipped": skipped,
         "slice_s": slice_s,
         "behind_schedule_end_s": behind,
         "audit_lag_end_s": end_lag,
@@ -479,6 +494,7 @@ def run(
     *,
     workdir: Path | None = None,
     http: bool = True,
+    audit_sampling: bool = False,
     counterfactuals: bool = False,
     note: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -507,12 +523,14 @@ def run(
         report["audit"] = audit_cost(recording, shape)
         note(f"audit cost: {report['audit']['audit_ms']}")
         file_db = root / "fleet-file.duckdb"
-        report["file"] = ingest_file(recording, file_db, note)
+        report["file"] = ingest_file(recording, file_db, note, audit_sampling)
         with duckdb.connect(str(file_db)) as con:
             con.execute("CHECKPOINT")
         size = file_db.stat().st_size
         report["database_bytes"] = size
         report["gib_per_day"] = size * 86_400 / recording.fleet_seconds / 2**30
         if http:
-            report["http"] = ingest_http(recording, root / "fleet-http.duckdb", note)
+            report["http"] = ingest_http(
+                recording, root / "fleet-http.duckdb", note, audit_sampling=audit_sampling
+            )
         return report

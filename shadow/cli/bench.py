@@ -399,6 +399,10 @@ def bench_fleet(
     http: Annotated[
         bool, typer.Option(help="Also ingest over HTTP at the fleet's real-time rate.")
     ] = True,
+    audit_sampling: Annotated[
+        bool,
+        typer.Option(help="Let the audit take an even sample of dispatches while it lags."),
+    ] = False,
     counterfactuals: Annotated[
         bool,
         typer.Option(
@@ -416,7 +420,8 @@ def bench_fleet(
     try:
         shape = bench.FleetShape(workers, batch, minutes, seed)
         report = bench.run(
-            shape, workdir=workdir, http=http, counterfactuals=counterfactuals,
+            shape, workdir=workdir, http=http, audit_sampling=audit_sampling,
+            counterfactuals=counterfactuals,
             note=lambda m: console.print(m, markup=False, highlight=False),
         )  # fmt: skip
     except (ValueError, bench.CounterfactualsUnavailable) as error:
@@ -481,7 +486,9 @@ def bench_fleet(
             f"http: source {h['behind_schedule_end_s']:.2f} s behind the fleet's clock at the "
             f"end, audit {h['audit_lag_end_s']:.2f} s behind; {h['failed_batches']} failed "
             f"batches; stored once: mismatched {stored['mismatched'] or 'none'}, duplicates "
-            f"{stored['duplicates']}, {stored['decisions']:,} decisions"
+            f"{stored['duplicates']}, {stored['decisions']:,} decisions; audit sampling "
+            f"{'on' if h['audit_sampling'] else 'off'}, {h['audit_skipped']:,.0f} dispatches "
+            "skipped"
         )
     console.print(
         f"database: {report['database_bytes'] / 2**20:,.1f} MiB for "
