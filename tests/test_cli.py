@@ -15,7 +15,7 @@ def test_bench_router_writes_the_documented_json(tmp_path):
     assert {(c["policy"], c["workers"], c["free_slots"]) for c in cases} == {
         (policy, workers, free)
         for policy in ("br0", "brh-survival")
-        for workers, free in ((8, 8), (8, 64), (64, 64))
+        for workers, free in ((8, 8), (8, 64), (64, 64), (256, 256))
     }
     for case in cases:
         assert set(case) >= {
@@ -219,3 +219,33 @@ def test_replay_stores_the_run_in_duckdb_and_db_upgrade_is_idempotent(tmp_path):
         assert loads.shape == (summaries["br0"]["steps"], 4) and (active <= 8).all()
     upgraded = runner.invoke(app, ["db", "upgrade", "--db", str(db)])
     assert upgraded.exit_code == 0 and "0011" in upgraded.output
+
+
+def test_bench_fleet_reports_rates_audit_and_storage(tmp_path):
+    """A small fleet, file pass only: the report's numbers hang together."""
+    out = tmp_path / "fleet.json"
+    result = runner.invoke(app, ["bench", "fleet", "--workers", "8", "--batch", "8",
+                                 "--minutes", "0.3", "--no-http", "--workdir", str(tmp_path),
+                                 "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["events"] == sum(report["by_kind"].values())
+    assert report["by_kind"]["worker"] == 8
+    assert report["by_kind"]["dispatch"] == report["by_kind"]["ready"] > 0
+    assert report["fleet_seconds"] <= 0.3 * 60
+    assert report["required_events_per_s"] == report["events"] / report["fleet_seconds"]
+    assert report["audit"]["audited"] == report["by_kind"]["dispatch"]
+    assert report["file"]["events"] == report["events"]
+    assert report["file"]["ratio"] > 0
+    assert report["gib_per_day"] > 0
+    assert "GiB per day" in result.output and "required real-time rate" in result.output
+
+
+def test_bench_fleet_runs_the_counterfactuals_when_asked(tmp_path):
+    out = tmp_path / "fleet.json"
+    result = runner.invoke(app, ["bench", "fleet", "--workers", "8", "--batch", "8",
+                                 "--minutes", "0.3", "--no-http", "--counterfactuals",
+                                 "--workdir", str(tmp_path), "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["counterfactuals"] == "on"
+    assert "continuous counterfactuals: on" in result.output

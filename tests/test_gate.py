@@ -469,3 +469,14 @@ def test_an_aa_identical_to_the_incumbent_is_said_so():
     assert "equals the incumbent in every window" in rule
     other = {r.metric: r for r in decide(make_evidence(), FAST).rows}["noise_floor"].rule
     assert "equals the incumbent" not in other
+
+
+def test_the_evidence_says_when_its_decisions_are_a_sample():
+    from shadow.gate.render import sample_note
+
+    full = make_evidence(decisions=4000, dispatches=4000)
+    sampled = make_evidence(decisions=1000, dispatches=4000)
+    assert full.audited_share == 1.0 and sample_note(full.audited_share, full.dispatches) == ""
+    assert sampled.audited_share == 0.25
+    assert sample_note(sampled.audited_share, sampled.dispatches) == ", a 25% sample of 4,000"
+    assert make_evidence(dispatches=None).audited_share is None

@@ -41,6 +41,10 @@ def test_brh_survival_passes_with_the_measured_ratios(database):
     assert rows["throughput_ratio"]["ci_low"] >= 0.99
     assert rows["imbalance_ratio"]["ci_high"] < 1.0
     assert report["evidence"]["windows"] >= 30 and report["evidence"]["decisions"] >= 2000
+    # the full audit (no sampling): every dispatch of the range audited, and said so
+    assert report["evidence"]["dispatches"] == report["evidence"]["decisions"]
+    assert report["evidence"]["audited_share"] == 1.0
+    assert "sample of" not in result.output
     again = root / "again.json"
     assert gate(db, "--candidate", "brh-survival", "--json", str(again)).exit_code == 0
     assert again.read_bytes() == out.read_bytes()  # same evidence, same JSON

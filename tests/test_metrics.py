@@ -32,6 +32,9 @@ def test_metrics_after_recorded_traffic(tmp_path):
         )
         client.post("/v1/route", json={"requests": [{"request_id": "x", "prompt_tokens": 10}]})
         response = client.get("/metrics")
+        fleets = {f["fleet"]: f for f in client.get("/v1/fleets").json()}
+    # what the UI shows of the audit's sampler: nothing skipped, every dispatch audited
+    assert fleets["default"]["audit"] == {"audited": 400, "skipped": 0, "stride": 1}
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     found = samples(response.text)
@@ -46,9 +49,14 @@ def test_metrics_after_recorded_traffic(tmp_path):
         "shadow_decision_agreement_ratio", "shadow_decision_regret_tokens", "shadow_mode",
         "shadow_fallback_trips", "shadow_route_decision_seconds_count",
         "shadow_mirror_state_mismatches_total", "shadow_predictor_calibration_auc",
-        "shadow_audit_backlog_batches",
+        "shadow_audit_backlog_batches", "shadow_audit_lag_seconds",
+        "shadow_audit_skipped_total", "shadow_audit_sample_stride",
     ):  # fmt: skip
         assert name in names, name
+    assert found[("shadow_audit_lag_seconds", ())] == 0.0  # flushed: the audit caught up
+    # sampling off (the default): every dispatch audited, none skipped
+    assert found[("shadow_audit_skipped_total", (("fleet", "default"),))] == 0
+    assert found[("shadow_audit_sample_stride", (("fleet", "default"),))] == 1
     assert all(name.startswith("shadow_") for name in names if not name.startswith("python_"))
     # Declared even when the latest window has no value for it (no arrivals: no pool wait).
     declared = {f.name for f in text_string_to_metric_families(response.text)}

@@ -28,11 +28,14 @@ class RouterCase:
     target_p99_ms: float | None = None
 
 
-#: The cases of issue 2, with the P99 targets for this 2-core machine.
+#: The cases of issue 2, with the P99 targets for this 2-core machine, and issue 24's
+#: wide-EP fleet: G = 256, every free slot of one step's completions (one a worker); its
+#: target is a third of a ~60 ms decode step.
 DEFAULT_CASES = (
     RouterCase(8, 64, 256, 8, 1.5),
     RouterCase(8, 64, 256, 64),
     RouterCase(64, 64, 2048, 64, 20.0),
+    RouterCase(256, 128, 4096, 256, 20.0),
 )
 
 

@@ -411,3 +411,115 @@ def bench_bias(
             with console.status(f"load {load}: recording, ingesting, judging"):
                 cells += bias.measure(root, incumbent, load, requests, mode)
         console.out(bias.table(cells), highlight=False)
+
+
+@bench_app.command("fleet")
+def bench_fleet(
+    workers: Annotated[int, typer.Option(min=1, max=1024, help="Decode workers (G).")] = 256,
+    batch: Annotated[int, typer.Option(min=1, help="Slots per worker (B).")] = 128,
+    minutes: Annotated[
+        float, typer.Option(min=0.1, max=60, help="Minutes of fleet time to generate.")
+    ] = 5.0,
+    seed: Annotated[int, typer.Option(help="Seed of the preset.")] = 0,
+    http: Annotated[
+        bool, typer.Option(help="Also ingest over HTTP at the fleet's real-time rate.")
+    ] = True,
+    audit_sampling: Annotated[
+        bool,
+        typer.Option(help="Let the audit take an even sample of dispatches while it lags."),
+    ] = False,
+    counterfactuals: Annotated[
+        bool,
+        typer.Option(
+            help="Also evaluate the windows: every candidate's continuous counterfactual."
+        ),
+    ] = False,
+    workdir: BenchWorkdir = None,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    """Keep pace with a wide-EP fleet: generate its event stream, time the audit per
+    dispatch, ingest it from a file as fast as it goes and over HTTP at its real-time rate
+    (audit and invariants on); rates, audit lag, CPU per event, memory, GiB per day."""
+    from shadow.bench import fleet as bench
+
+    try:
+        shape = bench.FleetShape(workers, batch, minutes, seed)
+        report = bench.run(
+            shape, workdir=workdir, http=http, audit_sampling=audit_sampling,
+            counterfactuals=counterfactuals,
+            note=lambda m: console.print(m, markup=False, highlight=False),
+        )  # fmt: skip
+    except ValueError as error:
+        raise fail(str(error), code=2) from None
+    console.print(
+        f"fleet G = {workers}, B = {batch}: {report['events']:,} events in "
+        f"{report['fleet_seconds']:.0f} s of fleet time; required real-time rate "
+        f"{report['required_events_per_s']:,.0f} events/s ({report['arrival_rate_per_s']:.0f} "
+        f"requests/s); continuous counterfactuals: {report['counterfactuals']}"
+    )
+    audit = report["audit"]
+    table = Table(title=f"Audit per dispatch once the fleet is {bench.FULL_SHARE:.0%} full (ms)")
+    for column in ("what", "dispatches", "P50", "P99", "max", "target"):
+        table.add_column(column, justify="left" if column == "what" else "right")
+    rows = [("whole audit", audit["audit_ms"]), *audit["policy_ms"].items()]
+    for name, p in rows:
+        if p is None:
+            table.add_row(name, "0", "-", "-", "-", "fleet never full")
+            continue
+        verdict = "" if name == "whole audit" else (
+            "[green]ok" if p["p99"] <= bench.AUDIT_TARGET_P99_MS else "[red]MISSED")  # fmt: skip
+        target = "" if name == "whole audit" else f"P99 <= {bench.AUDIT_TARGET_P99_MS:g} {verdict}"
+        table.add_row(name, f"{p['n']:,}", f"{p['p50']:.3f}", f"{p['p99']:.3f}",
+                      f"{p['max']:.3f}", target)  # fmt: skip
+    console.print(table)
+    ingest = Table(title="Ingest with the audit and invariants on")
+    for column in ("path", "events/s", "required", "ratio", "RSS MiB end (max)",
+                   "MiB/min after 1 min"):  # fmt: skip
+        ingest.add_column(column, justify="left" if column == "path" else "right")
+    for path in ("file", "http"):
+        r = report.get(path)
+        if r is None:
+            continue
+        growth = r["growth_mib_per_min_after_1_min"]
+        rss = (
+            "-"
+            if r["rss_mib_end"] is None
+            else f"{r['rss_mib_end']:,.0f} ({r['rss_mib_max']:,.0f})"
+        )
+        ingest.add_row(path, f"{r['sustained_events_per_s']:,.0f}",
+                       f"{r['required_events_per_s']:,.0f}", f"{r['ratio']:.2f}", rss,
+                       "-" if growth is None else f"{growth:+.1f}")  # fmt: skip
+    console.print(ingest)
+    for path in ("file", "http"):
+        if report.get(path):
+            cpu = ", ".join(f"{role} {us:.1f} us" for role, us in
+                            report[path]["cpu_us_per_event"].items())  # fmt: skip
+            console.print(f"{path}: CPU per event by process: {cpu or '-'}")
+    lag = Table(title=f"Every {bench.SAMPLE_S:.0f} s of fleet time")
+    for column in ("path", "fleet s", "wall s", "audit behind s", "source behind s", "RSS MiB"):
+        lag.add_column(column, justify="left" if column == "path" else "right")
+    for path in ("file", "http"):
+        for s in (report.get(path) or {}).get("samples", []):
+            lag.add_row(path, f"{s['fleet_s']:.0f}", f"{s['wall_s']:.1f}",
+                        f"{s['audit_lag_s']:.2f}", f"{s['behind_s']:.2f}",
+                        f"{sum(s['rss_mib'].values()):,.0f}")  # fmt: skip
+    console.print(lag)
+    if "http" in report:
+        h = report["http"]
+        stored = h["stored"]
+        console.print(
+            f"http: source {h['behind_schedule_end_s']:.2f} s behind the fleet's clock at the "
+            f"end, audit {h['audit_lag_end_s']:.2f} s behind; {h['failed_batches']} failed "
+            f"batches; stored once: mismatched {stored['mismatched'] or 'none'}, duplicates "
+            f"{stored['duplicates']}, {stored['decisions']:,} decisions; audit sampling "
+            f"{'on' if h['audit_sampling'] else 'off'}, {h['audit_skipped']:,.0f} dispatches "
+            "skipped"
+        )
+    console.print(
+        f"database: {report['database_bytes'] / 2**20:,.1f} MiB for "
+        f"{report['fleet_seconds']:.0f} s of fleet time = {report['gib_per_day']:.1f} GiB per "
+        f"day of fleet time at G = {workers}"
+    )
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_out}")

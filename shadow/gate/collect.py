@@ -93,6 +93,11 @@ def collect_evidence(
         f"FROM {decisions} WHERE fleet = :fleet{ts_clause}",
         base,
     )[0]
+    dispatches = store.query(
+        f"SELECT count(DISTINCT request_id) AS n FROM events WHERE fleet = :fleet "
+        f"AND type = 'dispatch'{ts_clause}",
+        base,
+    )[0]["n"]
     latency = store.query(
         f"SELECT count(*) AS n, quantile_cont(latency_ms, 0.99) AS p99 FROM {decisions} "
         f"WHERE fleet = :fleet AND policy = :candidate AND latency_ms IS NOT NULL{ts_clause}",
@@ -126,6 +131,7 @@ def collect_evidence(
         until=until,
         windows=tuple(pairs),
         decisions=int(audited["n"] or 0),
+        dispatches=int(dispatches or 0),
         critical_violations=int(critical),
         candidate_errors=int(errors),
         decision_latency_p99_ms=None if not latency["n"] else float(latency["p99"]),

@@ -61,3 +61,13 @@ class Evidence:
     calibration_auc: float | None
     evidence_ids: dict = field(default_factory=dict)
     disagreements: tuple[dict, ...] = ()
+    #: requests dispatched in the range; more than `decisions` when the audit sampled
+    #: (`audit_sampling`) or skipped some: the decisions are then a sample of these
+    dispatches: int | None = None
+
+    @property
+    def audited_share(self) -> float | None:
+        """Audited dispatches over dispatches (None: dispatches unknown or none)."""
+        if not self.dispatches:
+            return None
+        return min(1.0, self.decisions / self.dispatches)

@@ -41,12 +41,20 @@ def row_cells(row: dict[str, Any]) -> list[str]:
     return [_one_line(cell) for cell in cells]
 
 
+def sample_note(share: float | None, dispatches: int | None) -> str:
+    """`, a 25% sample of 4,000` when the audit sampled; nothing when it audited all."""
+    if share is None or dispatches is None or share >= 1.0:
+        return ""
+    return f", a {share:.0%} sample of {dispatches:,}"
+
+
 def title(document: dict[str, Any]) -> str:
     """The headline: who is judged against whom, on how much evidence."""
     ev = document["evidence"]
+    note = sample_note(ev.get("audited_share"), ev.get("dispatches"))
     return (
         f"Gate: {ev['candidate']} vs {ev['baseline']} on fleet {ev['fleet']} "
-        f"({ev['windows']} windows, {ev['decisions']:,} audited dispatches)"
+        f"({ev['windows']} windows, {ev['decisions']:,} audited dispatches{note})"
     )
 
 

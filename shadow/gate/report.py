@@ -134,6 +134,8 @@ class GateReport:
                     "until": ev.until,
                     "windows": len(ev.windows),
                     "decisions": ev.decisions,
+                    "dispatches": ev.dispatches,
+                    "audited_share": ev.audited_share,
                     "critical_violations": ev.critical_violations,
                     "candidate_errors": ev.candidate_errors,
                     "decision_latency_p99_ms": ev.decision_latency_p99_ms,

@@ -59,6 +59,8 @@ class SurvivalPredictor(Predictor):
     def __init__(self) -> None:
         self._counts = np.zeros(1, dtype=np.int64)
         self._table_cache: tuple[np.ndarray, np.ndarray] | None = None
+        #: raised by every observation: predictions made at one version hold until the next
+        self.version = 0
 
     def __len__(self) -> int:
         return int(self._counts.sum())
@@ -72,6 +74,7 @@ class SurvivalPredictor(Predictor):
         self._grow(length)
         self._counts[length] += 1
         self._table_cache = None
+        self.version += 1
 
     def _grow(self, longest: int) -> None:
         """Room in the histogram for outputs of `longest` tokens."""
@@ -91,6 +94,7 @@ class SurvivalPredictor(Predictor):
         self._grow(int(lengths.max()))
         np.add.at(self._counts, lengths, 1)
         self._table_cache = None
+        self.version += 1
 
     def _table(self) -> tuple[np.ndarray, np.ndarray]:
         """`N(x) = #(O > x)` for `x = 0..longest` and one zero past it (as float), and

@@ -309,6 +309,25 @@ class ServiceCollector(Collector):
             "decisions are not stored yet (growing: the audit cannot keep up).",
             value=runtime.pipeline.audit_backlog,
         )  # fmt: skip
+        yield GaugeMetricFamily(
+            "shadow_audit_lag_seconds", "Seconds of fleet time (event time) the decision "
+            "audit is behind the applied stream; 0 when it has caught up.",
+            value=runtime.pipeline.audit_lag_s,
+        )  # fmt: skip
+        skipped = CounterMetricFamily(
+            "shadow_audit_skipped", "Dispatches the decision audit skipped: with "
+            "audit_sampling on, it audits an even sample while it falls behind.",
+            labels=["fleet"],
+        )  # fmt: skip
+        stride = GaugeMetricFamily(
+            "shadow_audit_sample_stride", "One dispatch audited in every this many (1: "
+            "every dispatch).", labels=["fleet"],
+        )  # fmt: skip
+        with runtime.pipeline.lock:
+            for name, state in sorted(runtime.pipeline.fleets.items()):
+                skipped.add_metric([name], state.sampler.skipped)
+                stride.add_metric([name], state.sampler.stride)
+        yield from (skipped, stride)
         violations = CounterMetricFamily(
             "shadow_invariant_violations", "Invariant violations, each counted once.",
             labels=["fleet", "kind", "severity"],

@@ -101,6 +101,7 @@ class WorkerState:
         "starting",
         "state",
         "steps",
+        "version",
         "worker_id",
     )
 
@@ -117,6 +118,10 @@ class WorkerState:
         #: dispatched requests not yet seen in a step (a dispatch lands mid-step in a
         #: live fleet: the request first decodes in the next step)
         self.starting: list[RequestState] = []
+        #: raised by every change of the worker's active set or their generated counts,
+        #: so a reader can tell which workers changed since it last looked
+        #: (`stream.projection`)
+        self.version = 0
 
     @property
     def load(self) -> int:
@@ -137,6 +142,29 @@ class Completed:
     output_tokens: int
     reason: str
     ts: float
+
+
+class _WorkerColumns:
+    """Per-worker columns of the snapshot (join order), with the worker versions they
+    were read at."""
+
+    def __init__(self) -> None:
+        self.ids: tuple[str, ...] = ()
+        self.versions = np.zeros(0, dtype=np.int64)
+        self.steps = np.zeros(0, dtype=np.int64)
+        self.count = np.zeros(0, dtype=np.int64)
+        self.load = np.zeros(0, dtype=np.int64)
+        self.capacity = np.zeros(0, dtype=np.int64)
+
+    def resize(self, workers: int, ids: tuple[str, ...]) -> None:
+        """Room for `workers` (workers only join); new rows read at version -1: stale."""
+        old = self.versions.shape[0]
+        grow = workers - old
+        self.ids = ids
+        self.versions = np.concatenate((self.versions, np.full(grow, -1, dtype=np.int64)))
+        for name in ("steps", "count", "load", "capacity"):
+            column = getattr(self, name)
+            setattr(self, name, np.concatenate((column, np.zeros(grow, dtype=np.int64))))
 
 
 class FleetMirror:
@@ -163,6 +191,17 @@ class FleetMirror:
         self._finished_count = itertools.count()
         #: events of unknown requests from before this time are stale (`forget_finished`)
         self.forgotten_before = float("-inf")
+        #: every worker's `version`, by join order (room for more than have joined)
+        self._versions = np.zeros(64, dtype=np.int64)
+        #: the per-worker columns of the last `snapshot`, and the versions they are of
+        self._columns = _WorkerColumns()
+        #: requests running on any worker (the sum of the workers' active counts)
+        self.running = 0
+
+    def _bump(self, worker: WorkerState) -> None:
+        """Record a change of the worker (see `WorkerState.version`)."""
+        worker.version += 1
+        self._versions[worker.index] = worker.version
 
     def _take_slot(self, request: RequestState, worker: WorkerState) -> None:
         if self._free_slots:
@@ -193,6 +232,10 @@ class FleetMirror:
         horizon: most likely a late duplicate of a forgotten request, so it is ignored."""
         return ts < self.forgotten_before and request_id not in self.requests
 
+    def worker_versions(self) -> np.ndarray:
+        """Every worker's `version`, in join order (a copy)."""
+        return self._versions[: len(self.order)].copy()
+
     def loads(self) -> np.ndarray:
         return np.array([w.load for w in self.order], dtype=np.int64)
 
@@ -205,27 +248,44 @@ class FleetMirror:
 
     def snapshot(self, *, with_active: bool = True) -> FleetSnapshot:
         """The fleet as a routing policy sees it (worker ids in join order)."""
-        workers = len(self.order)
+        columns = self._refreshed()
         if with_active and self.order:
             slots = np.flatnonzero(self._slot_used[: self._slots_used])
             worker = self._slot_worker[slots]
-            steps = np.fromiter((w.steps for w in self.order), np.int64, workers)
-            generated = steps[worker] - self._slot_offset[slots]
+            generated = columns.steps[worker] - self._slot_offset[slots]
             active = ActiveSet(
                 worker, self._slot_prompt[slots], generated, self._slot_key[slots], None
             )
         else:
             active = ActiveSet.empty()
-        counts = self.active_counts()
-        capacity = np.maximum(self.capacities(), 0)
+        # copies: a snapshot is frozen, the columns move on with the mirror
         return FleetSnapshot(
-            tuple(w.worker_id for w in self.order),
-            capacity,
-            counts,
-            self.loads(),
+            columns.ids,
+            columns.capacity.copy(),
+            columns.count.copy(),
+            columns.load.copy(),
             active,
-            np.zeros(workers, dtype=np.int64),
+            np.zeros(len(self.order), dtype=np.int64),
         )
+
+    def _refreshed(self) -> _WorkerColumns:
+        """The per-worker columns, brought up to date for the workers whose version moved
+        since the last call: a snapshot of a wide fleet (G = 256) reads a few workers,
+        not all of them."""
+        columns = self._columns
+        order = self.order
+        workers = len(order)
+        if columns.versions.shape[0] != workers:
+            columns.resize(workers, tuple(w.worker_id for w in order))
+        versions = self._versions[:workers]
+        for g in np.flatnonzero(versions != columns.versions).tolist():
+            w = order[g]
+            columns.steps[g] = w.steps
+            columns.count[g] = len(w.active)
+            columns.load[g] = w.load
+            columns.capacity[g] = max(w.capacity, 0) if w.accepting else 0
+        columns.versions[:] = versions
+        return columns
 
     # -- writes (one per event type) ------------------------------------------------
 
@@ -239,9 +299,12 @@ class FleetMirror:
             worker = WorkerState(len(self.order), worker_id, capacity, state)
             self.workers[worker_id] = worker
             self.order.append(worker)
+            if worker.index >= self._versions.shape[0]:
+                self._versions = np.concatenate((self._versions, np.zeros_like(self._versions)))
         else:
             worker.capacity = capacity
             worker.state = state
+        self._bump(worker)
         return worker
 
     def apply_ready(
@@ -280,9 +343,11 @@ class FleetMirror:
         request.last_seen_ts = ts
         request.offset = worker.steps - request.progress
         worker.active[request_id] = request
+        self.running += 1
         worker.prompt_sum += request.prompt_tokens
         worker.offset_sum += request.offset
         worker.starting.append(request)
+        self._bump(worker)
         self._take_slot(request, worker)
         return request
 
@@ -301,6 +366,7 @@ class FleetMirror:
             if lag > 0:  # the engine says it is further along than the steps we saw
                 request.offset -= lag
                 worker.offset_sum -= lag
+                self._bump(worker)
                 self._slot_offset[request.slot] = request.offset
 
     def apply_finish(
@@ -379,8 +445,10 @@ class FleetMirror:
     def _release(self, worker: WorkerState, request: RequestState) -> None:
         request.progress = max(request.progress, worker.steps - request.offset)
         del worker.active[request.request_id]
+        self.running -= 1
         worker.prompt_sum -= request.prompt_tokens
         worker.offset_sum -= request.offset
+        self._bump(worker)
         self._slot_used[request.slot] = False
         self._free_slots.append(request.slot)
         request.slot = -1
@@ -433,6 +501,7 @@ class FleetMirror:
         worker.starting = waiting
         worker.last_step = step
         worker.steps += 1
+        self._bump(worker)
         return view
 
     def forget_finished(self, before_ts: float) -> int:

@@ -43,6 +43,12 @@ def _fleets(state: AppState) -> list[dict[str, Any]]:
                 "gate": gates.get(name),
                 "telemetry": state.freshness(name),
                 "windows": int(windows.get(name, 0)),
+                # the decision audit's sampler: skipped > 0 means the decisions are a sample
+                "audit": {
+                    "audited": fleet.sampler.audited,
+                    "skipped": fleet.sampler.skipped,
+                    "stride": fleet.sampler.stride,
+                },
             }
         )
     return out

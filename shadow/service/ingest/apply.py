@@ -37,6 +37,7 @@ from shadow.stream.items import (
 )
 from shadow.stream.join import CORRECTED, FINISHED, IGNORED
 from shadow.stream.mirror import NATURAL_FINISH
+from shadow.stream.sampling import AuditSampler
 from shadow.stream.windows import WindowTracker
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class FleetState:
         self.pending_samples: list[tuple[float, str, Any]] = []
         #: per worker: (ts of the last scrape, engine running, mirror active then)
         self.last_sample: dict[str, tuple[float, float, int]] = {}
+        #: which dispatches are audited (all, unless `audit_sampling` and the audit lags)
+        self.sampler = AuditSampler()
 
 
 Handler = Callable[[FleetState, Any, int, list[StreamItem], bool], "list[Violation] | None"]
@@ -166,7 +169,7 @@ class Applier:
                 request is not None and request.worker is None and not request.finished
             )
             audited = None
-            if derive and first and event.worker in mirror.workers:
+            if derive and first and event.worker in mirror.workers and state.sampler.keep():
                 audited = AuditRequest(ingest_id, event.policy, event.router_view)
             stream.append(DispatchItem(ts, event.fleet, event.request_id, event.worker, audited))
         found = state.core.dispatch(ts, event.request_id, event.worker)

@@ -44,15 +44,22 @@ class AuditHandoff:
             else None
         )
         self._done: list[AuditOutcome] = []
-        #: (first audited ingest id or inf, the worker's answer), oldest first
-        self._pending: list[tuple[float, Future[list[AuditOutcome]]]] = []
+        #: (first audited ingest id or inf, the worker's answer, the batch's last event
+        #: time), oldest first
+        self._pending: list[tuple[float, Future[list[AuditOutcome]], float]] = []
+        #: event time of the last item handed over, and of the last one audited
+        self._handed_ts = float("-inf")
+        self._audited_ts = float("-inf")
 
     def submit(self, stream: list[StreamItem]) -> None:
         """Hand the applied stream to the audit follower (here, or in its process)."""
         if not stream:
             return
+        last_ts = stream[-1].ts
+        self._handed_ts = max(self._handed_ts, last_ts)
         if self._follower is not None:
             self._done.extend(self._follower.run(stream))
+            self._audited_ts = self._handed_ts
             return
         assert self.executor is not None
         first = next(
@@ -64,11 +71,28 @@ class AuditHandoff:
             float("inf"),
         )
         pending = self._pending
-        pending.append((first, self.executor.submit(run_in_worker, encode_stream(stream))))
+        future = self.executor.submit(run_in_worker, encode_stream(stream))
+        pending.append((first, future, last_ts))
         if len(pending) > self.config.limits.max_audit_backlog:
             # the worker fell behind: wait for its oldest batch rather than queue more
             self._bound_hits["audit_backlog"] += 1
-            self._done.extend(pending.pop(0)[1].result())
+            self._done.extend(self._take_oldest())
+
+    def _take_oldest(self) -> list[AuditOutcome]:
+        _, future, last_ts = self._pending.pop(0)
+        outcomes = future.result()
+        self._audited_ts = max(self._audited_ts, last_ts)
+        return outcomes
+
+    @property
+    def lag_s(self) -> float:
+        """How far the audit is behind the applied stream, in seconds of event time (the
+        fleet's clock): 0 when every batch handed over is audited."""
+        if not self._pending:
+            return 0.0
+        # nothing audited yet: at least the oldest batch in flight is behind
+        done = max(self._audited_ts, self._pending[0][2])
+        return max(0.0, self._handed_ts - done)
 
     @property
     def backlog(self) -> int:
@@ -78,7 +102,7 @@ class AuditHandoff:
     def first_pending_id(self) -> int | None:
         """The first ingest id of the oldest batch still being audited (batches of
         learning only have none): the checkpoint stays before it."""
-        for first, _ in self._pending:
+        for first, _, _ in self._pending:
             if first != float("inf"):
                 return int(first)
         return None
@@ -91,7 +115,7 @@ class AuditHandoff:
         timed out."""
         outcomes, self._done = self._done, []
         while self._pending and (wait or self._pending[0][1].done()):
-            outcomes.extend(self._pending.pop(0)[1].result())
+            outcomes.extend(self._take_oldest())
         decisions: list[tuple[int, Decision]] = []
         violations: list[tuple[int, Violation]] = []
         for outcome in outcomes:

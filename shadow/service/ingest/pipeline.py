@@ -56,6 +56,10 @@ class PipelineConfig:
     seq_window: int = 1_000_000
     ghost_sweep_every_s: float = 5.0
     audit_enabled: bool = True
+    #: audit an even sample of dispatches while the audit worker falls behind (its
+    #: backlog at half of `max_audit_backlog`), instead of making ingest wait for it;
+    #: off: every dispatch is audited (`stream.sampling`)
+    audit_sampling: bool = False
     windows_enabled: bool = True
     step_fit_min_samples: int = 50
     default_step_model: StepModel = field(default_factory=StepModel)
@@ -395,7 +399,7 @@ class Pipeline:
             state = self.fleets.get(fleet)
             if state is not None:
                 mirror = state.mirror
-                held = len(mirror.pool) + sum(len(w.active) for w in mirror.order)
+                held = len(mirror.pool) + mirror.running
                 if held >= limits.max_active_per_fleet:
                     return ("active_per_fleet", "request_id", f"fleet {fleet!r} holds "
                             f"max_active_per_fleet ({limits.max_active_per_fleet}) ready or "
@@ -462,6 +466,10 @@ class Pipeline:
             self._forget_finished(stream)
         self._audits.submit(stream)
         decisions, audited = self._audits.collect()
+        if self.config.audit_sampling:
+            high = max(2, self.config.limits.max_audit_backlog // 2)
+            for state in self.fleets.values():
+                state.sampler.adapt(self._audits.backlog, high)
         batch = batch if batch is not None else EventBatch()
         self._applier.take_finish_updates(batch)
         while not self._incoming_samples.empty():
@@ -505,6 +513,11 @@ class Pipeline:
         """Batches handed to the audit worker whose decisions are not collected yet: a
         backlog that keeps growing means the worker cannot keep up with ingest."""
         return self._audits.backlog
+
+    @property
+    def audit_lag_s(self) -> float:
+        """Seconds of fleet time the audit is behind the applied stream (0: caught up)."""
+        return self._audits.lag_s
 
     def flush_audits(self) -> None:
         """Wait for every audit in flight and store its decisions."""

@@ -30,6 +30,14 @@ function columns(incumbent) {
   return cols.map((c) => ({ ...c, sortable: SERVER_SORT.has(c.key) }));
 }
 
+/** When the audit fell behind it audited an even sample: say so, with what it skipped. */
+function sampleNote(audit) {
+  if (!audit || !audit.skipped) return null;
+  const seen = audit.audited + audit.skipped;
+  const now = audit.stride > 1 ? `, now 1 in ${fmt.int(audit.stride)}` : ", every dispatch again now";
+  return h("div", { class: "muted small", dataset: { testid: "audit-sample" } }, `A sample: the audit took ${fmt.int(audit.audited)} of ${fmt.int(seen)} dispatches since the service started (${fmt.int(audit.skipped)} skipped while it caught up${now}).`);
+}
+
 function detailView(d, close) {
   const snap = d.snapshot || {};
   const workers = snap.workers || [];
@@ -158,6 +166,7 @@ export default {
       replace(
         summary,
         h("div", { class: "list-count", dataset: { total: page.total } }, h("strong", null, fmt.int(page.total)), page.total === 1 ? " decision" : " decisions", anyFilter ? " match the filters" : " audited"),
+        sampleNote(ctx.info?.audit),
         pager({ total: page.total, limit, offset, onPage: (o) => setParams({ offset: o || null }) }),
       );
       const empty = anyFilter ? "No decision matches these filters. Clear a filter or widen the time range." : "No decisions audited yet. Every dispatch the incumbent makes is audited within a second; start traffic or POST dispatch events to /v1/events.";
