@@ -656,7 +656,8 @@ def test_drift_tolerates_requests_waiting_for_kv_transfer() -> None:
     # only 2 deferred: 4 more than the engine holds for a reason
     found = drift(fleet_with_active(10), [dict(running=4, deferred=2)] * 3)
     assert found == [
-        "w0: mirror has 10 active, engine reports 4 running (+2 waiting excused) for 3 scrapes over 3.0 s"
+        "w0: mirror has 10 active, engine reports 4 running (+2 waiting excused) for 3 scrapes"
+        " over 3.0 s"
     ]
     # deferred never excuses a mirror that misses requests the engine runs
     assert len(drift(fleet_with_active(2), [dict(running=8, deferred=6)] * 3)) == 1
@@ -686,7 +687,8 @@ def test_drift_tolerates_requests_in_the_engines_waiting_queue() -> None:
     ]
     found = drift(fleet_with_active(10), samples)
     assert found == [
-        "w0: mirror has 10 active, engine reports 5 running (+2 waiting excused) for 3 scrapes over 3.0 s"
+        "w0: mirror has 10 active, engine reports 5 running (+2 waiting excused) for 3 scrapes"
+        " over 3.0 s"
     ]
     # waiting never excuses a mirror that misses requests the engine runs
     assert len(drift(fleet_with_active(2), [dict(running=8, capacity_waiting=6)] * 3)) == 1

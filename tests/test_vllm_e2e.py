@@ -357,6 +357,11 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
             return all(engine_value(page, "vllm:num_requests_running", e) == 2 for e in "01")
 
         assert wait_until(all_running, 60, every=0.1), "the long requests never all ran"
+        # the kill first, while worker 2 (server 1, alone on its engine) still streams its
+        # two: after the steady phase's seconds they had run to their end
+        worker2 = world.servers[1].url
+        assert engine_value(scrape(worker2), "vllm:num_requests_running", "0") == 2
+        result.killed_workers = world.kill_server(1)
         for _ in range(6):
             api.post("/v1/flush")
             workers = {
@@ -368,7 +373,6 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
                 real = engine_value(page, "vllm:num_requests_running", engine)
                 result.steady.append((worker, workers[worker]["active"], real))
             time.sleep(0.5)
-        result.killed_workers = world.kill_server(1)  # worker "2": 2 long ones on it
         for future in running:
             future.result()
         load_futures = [pool.submit(call, router, job) for job in load]
