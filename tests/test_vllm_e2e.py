@@ -360,7 +360,11 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
         # the kill first, while worker 2 (server 1, alone on its engine) still streams its
         # two: after the steady phase's seconds they had run to their end
         worker2 = world.servers[1].url
-        assert engine_value(scrape(worker2), "vllm:num_requests_running", "0") == 2
+
+        def worker2_runs_both() -> bool:
+            return engine_value(scrape(worker2), "vllm:num_requests_running", "0") == 2
+
+        assert wait_until(worker2_runs_both, 60, every=0.1), "worker 2 never ran its two"
         result.killed_workers = world.kill_server(1)
         for _ in range(6):
             api.post("/v1/flush")
