@@ -88,13 +88,14 @@ def collect_evidence(
     base = {"fleet": fleet, **ts_params}
     decisions = source(store, "decisions", since, until)
     violations = source(store, "violations", since, until)
+    events = source(store, "events", since, until)
     audited = store.query(
         f"SELECT count(DISTINCT ingest_id) AS n, min(ingest_id) AS low, max(ingest_id) AS high "
         f"FROM {decisions} WHERE fleet = :fleet{ts_clause}",
         base,
     )[0]
     dispatches = store.query(
-        f"SELECT count(DISTINCT request_id) AS n FROM events WHERE fleet = :fleet "
+        f"SELECT count(DISTINCT request_id) AS n FROM {events} WHERE fleet = :fleet "
         f"AND type = 'dispatch'{ts_clause}",
         base,
     )[0]["n"]
