@@ -10,11 +10,22 @@ a request moves.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from shadow.replay import InitialRequest
 from shadow.replay.workload import Workload
+
+
+def worker_order(workers: int, seed: int) -> np.ndarray:
+    """The relabelling of the A/A draw: the new position of each worker (seeded)."""
+    return np.random.default_rng(seed).permutation(workers)
+
+
+def moved_to(initial: tuple[InitialRequest, ...], order: np.ndarray) -> tuple[InitialRequest, ...]:
+    """The observed start state with each request on its worker's new position."""
+    return tuple(dataclasses.replace(r, worker=int(order[r.worker])) for r in initial)
 
 
 def relabelled(
@@ -23,12 +34,18 @@ def relabelled(
     """The same fleet with its workers in a shuffled order: every window metric is blind
     to the labels, but a rule's index tie-breaks (and Round-Robin's start) are not, so
     this is the A/A draw of a deterministic incumbent."""
-    order = np.random.default_rng(seed).permutation(len(capacity))  # new position of each
+    order = worker_order(len(capacity), seed)
     slots = [0] * len(capacity)
     for old, new in enumerate(order):
         slots[int(new)] = capacity[old]
-    moved = tuple(dataclasses.replace(r, worker=int(order[r.worker])) for r in initial)
-    return moved, tuple(slots)
+    return moved_to(initial, order), tuple(slots)
+
+
+def jitter_step_s(observed: dict[str, float], fallback_ms: float) -> float:
+    """How late the A/A draw may make an arrival: one observed step (s), or `fallback_ms`
+    where no step was observed."""
+    step = observed.get("step_ms_mean", math.nan)
+    return (step if step > 0 else fallback_ms) / 1000.0
 
 
 def jittered(arrivals: Workload, step_s: float, seed: int) -> Workload:

@@ -29,7 +29,6 @@ the full replay's totals, which is what the bias test checks.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -38,10 +37,11 @@ import numpy as np
 from shadow.policies import Policy, make_aa_policy, make_policy
 from shadow.replay import InitialRequest
 from shadow.replay.engine import FleetReplay
+from shadow.stream.aa import jitter_step_s, moved_to, worker_order
 from shadow.stream.guard import GuardedPolicy
 from shadow.stream.trajectory import Trajectory, bucket
 from shadow.stream.window_metrics import span_metrics, tpot_inside
-from shadow.stream.windows import AA, OBSERVED, WindowResult, WindowSpec, ratio
+from shadow.stream.windows import AA, OBSERVED, WindowResult, WindowSpec, ratio, taught
 
 #: the A/A run's arrival jitter seed (fixed: the same evidence, the same floor)
 AA_SEED = 7919
@@ -147,8 +147,7 @@ class ContinuousCounterfactuals:
             run.fleet.capacity[:] = slots
             times = ready
             if run.jitter is not None:  # A/A: up to one step later (stream/aa.py)
-                step_ms = spec.observed.get("step_ms_mean", math.nan)
-                step_ms = step_ms if step_ms > 0 else spec.step_model.b_ms
+                step_ms = 1000.0 * jitter_step_s(spec.observed, spec.step_model.b_ms)
                 times = ready + run.jitter.uniform(0.0, step_ms, ready.shape[0])
             # kept in ready order across windows (a jittered arrival may pass the next one)
             times = np.maximum.accumulate(np.maximum(times, run.last_ready_ms))
@@ -200,7 +199,6 @@ class ContinuousCounterfactuals:
         self.workers = spec.workers
         self.run_start = spec.index
         self.starts += 1
-        capacity = spec.capacity if spec.capacity is not None else (spec.batch,) * spec.workers
         self.runs = []
         identity = np.arange(spec.workers)
         for name in spec.policies:
@@ -208,12 +206,11 @@ class ContinuousCounterfactuals:
             self.runs.append(self._run(name, policy, spec, spec.initial, identity))
         if spec.incumbent in spec.policies:
             seed = AA_SEED + spec.index
-            order = np.random.default_rng(seed).permutation(spec.workers)  # new position
-            moved = tuple(dataclasses.replace(r, worker=int(order[r.worker])) for r in spec.initial)
+            order = worker_order(spec.workers, seed)
+            moved = moved_to(spec.initial, order)
             aa = self._run(AA, make_aa_policy(spec.incumbent, seed=seed), spec, moved, order)
             aa.jitter = np.random.default_rng(seed)
             self.runs.append(aa)
-        del capacity
 
     def _run(
         self,
@@ -223,10 +220,7 @@ class ContinuousCounterfactuals:
         initial: tuple[InitialRequest, ...],
         order: np.ndarray,
     ) -> _Run:
-        predictor = getattr(policy, "predictor", None)
-        if predictor is not None and predictor.name != "oracle" and spec.history.size:
-            predictor.observe_many(spec.history, spec.history_keys)
-        guarded = GuardedPolicy(policy)
+        guarded = GuardedPolicy(taught(policy, spec))
         fleet = FleetReplay(
             guarded,
             workers=spec.workers,

@@ -51,7 +51,7 @@ from shadow.policies import (
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.replay import InitialRequest, replay
 from shadow.replay.workload import StepModel, Workload
-from shadow.stream.aa import jittered, relabelled
+from shadow.stream.aa import jitter_step_s, jittered, relabelled
 from shadow.stream.guard import GuardedPolicy
 from shadow.stream.mirror import FleetMirror
 from shadow.stream.trajectory import Trajectory, bucket
@@ -168,6 +168,15 @@ class WindowResult:
     run_start: int | None = None
 
 
+def taught(policy: Policy, spec: WindowSpec) -> Policy:
+    """`policy` with its predictor (if it learns: not the oracle) taught the completed
+    lengths the window hands over, keyed for ExactMatch."""
+    predictor = getattr(policy, "predictor", None)
+    if predictor is not None and predictor.name != "oracle" and spec.history.size:
+        predictor.observe_many(spec.history, spec.history_keys)
+    return policy
+
+
 def evaluate_window(spec: WindowSpec) -> WindowResult:
     """Replay every policy from the window's start snapshot; compare with what happened."""
     span_ms = (spec.t_end - spec.t_start) * 1000.0
@@ -187,10 +196,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         arrivals: Workload,
     ) -> None:
         """Replay one policy and measure it inside the window."""
-        predictor = getattr(policy, "predictor", None)
-        if predictor is not None and predictor.name != "oracle" and spec.history.size:
-            predictor.observe_many(spec.history, spec.history_keys)
-        guarded = GuardedPolicy(policy)
+        guarded = GuardedPolicy(taught(policy, spec))
         result = replay(
             arrivals,
             guarded,
@@ -238,8 +244,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         if metrics[AA] == metrics[spec.incumbent]:
             # nothing arbitrary left to draw (a rule without ties): draw the arrival
             # times again within a step instead, a difference no router could act on
-            step = spec.observed.get("step_ms_mean", math.nan)
-            step_s = (step if step > 0 else spec.step_model.b_ms) / 1000.0
+            step_s = jitter_step_s(spec.observed, spec.step_model.b_ms)
             later = jittered(spec.arrivals, step_s, seed)
             run(AA, make_aa_policy(spec.incumbent, seed=seed), moved, slots, later)
     incumbent = metrics.get(spec.incumbent)
