@@ -42,3 +42,74 @@ def _drifting(seconds: float, every: float = 0.25) -> list[str]:
 def test_drift_is_reported_once_it_lasts_not_for_a_burst():
     assert _drifting(1.0) == []  # 5 scrapes in 1 s: a burst the engine has not taken yet
     assert _drifting(4.0) == ["engine_drift"]  # past drift_min_s (3 s)
+
+
+def _scraped_while_draining(with_span: bool) -> list[str]:
+    """The end of a load: an engine's 20 requests finish one every 0.5 s from t = 10.25
+    down to 3, and the mirror follows exactly. Each scrape takes 2 s to answer (a busy
+    API server), its page showing the engine as the request arrived; the next is sent
+    when it is answered."""
+    core = FleetCore("f", sweep_every_s=1e12)
+    core.worker(0.0, "w0", 32, "up")
+    for i in range(20):
+        core.ready(0.1, f"r{i}", 100, None)
+        core.dispatch(0.2, f"r{i}", "w0")
+    finishes = [10.25 + 0.5 * i for i in range(17)]
+    found = []
+    for k in range(8):
+        sent, answered = 8.0 + 2.0 * k, 10.0 + 2.0 * k
+        for i, at in enumerate(finishes):
+            if at <= answered and f"r{i}" in core.mirror.workers["w0"].active:
+                core.finish(at, f"r{i}", 50, "length")
+        page = 20 - sum(at <= sent for at in finishes)
+        found += [
+            v.kind
+            for v in core.checker.on_engine_sample(
+                core.mirror, answered, "w0", page, requested_at=sent if with_span else None
+            )
+        ]
+    return found
+
+
+def test_a_slow_scrape_is_compared_with_the_mirror_over_its_span():
+    """Compared at its answer's time, the page (4 more than the mirror by then, for 4
+    scrapes over 6 s) is drift that is not there; over the span [sent, answered] the
+    mirror's range holds the page. This is what the real-vLLM suite saw: "mirror has 3
+    active, engine reports 6 running for 3 scrapes over 4.6 s", scrapes taking seconds."""
+    assert _scraped_while_draining(with_span=False) == ["engine_drift"]
+    assert _scraped_while_draining(with_span=True) == []
+    core = FleetCore("f", sweep_every_s=1e12)
+    core.worker(0.0, "w0", 16, "up")
+    for i in range(6):
+        core.ready(0.1, f"r{i}", 100, None)
+        core.dispatch(0.2, f"r{i}", "w0")
+    for i in range(3):
+        core.finish(1.0, f"r{i}", 50, "length")
+    # a real drift stays drift over any span: the engine runs 6 for 4 s, the mirror 3
+    found = [
+        v.kind
+        for k in range(17)
+        for v in core.checker.on_engine_sample(
+            core.mirror, 3.0 + k * 0.25, "w0", 6, requested_at=1.5 + k * 0.25
+        )
+    ]
+    assert found == ["engine_drift"]
+
+
+def test_the_active_history_gives_the_range_over_a_span():
+    from shadow.stream.active_history import HISTORY_CHANGES, ActiveHistory
+
+    history = ActiveHistory()
+    assert history.between(0.0, 1.0, current=4) == (4, 4)  # no change: what it is now
+    history.record(1.0, 0, 1)
+    history.record(2.0, 1, 2)
+    history.record(3.0, 2, 1)
+    assert history.between(0.5, 0.5, current=1) == (0, 0)  # before the first change
+    assert history.between(1.5, 1.5, current=1) == (1, 1)
+    assert history.between(1.5, 3.5, current=1) == (1, 2)
+    assert history.between(0.0, 2.5, current=1) == (0, 2)
+    assert history.between(4.0, 5.0, current=1) == (1, 1)
+    for k in range(HISTORY_CHANGES):
+        history.record(10.0 + k, k, k + 1)
+    assert history.between(3.0, 100.0, current=HISTORY_CHANGES) is None  # span not kept
+    assert history.between(11.5, 12.5, current=HISTORY_CHANGES) == (2, 3)

@@ -352,11 +352,18 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
 
         # steady phase, once the engine runs all of them (a fixed sleep raced the tiny
         # model, which can finish 1,500 tokens in 5 s): the mirror against the engine
+        seen: dict[str, float] = {}
+
         def all_running() -> bool:
             page = scrape(engine_url)
-            return all(engine_value(page, "vllm:num_requests_running", e) == 2 for e in "01")
+            for e in "01":
+                seen[e] = engine_value(page, "vllm:num_requests_running", e)
+            return all(seen[e] == 2 for e in "01")
 
-        assert wait_until(all_running, 60, every=0.1), "the long requests never all ran"
+        assert wait_until(all_running, 60, every=0.1), (
+            f"the long requests never all ran (2 per worker): the engines last ran {seen}, "
+            f"clients: {[(j.rid, j.status, j.error) for j in longs if j.status or j.error]}"
+        )
         # the kill first, while worker 2 (server 1, alone on its engine) still streams its
         # two: after the steady phase's seconds they had run to their end
         worker2 = world.servers[1].url

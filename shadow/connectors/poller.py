@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -52,7 +52,9 @@ class EngineSample:
     constraint such as a KV transfer from the prefill node); None when the page has no
     split (vLLM before it, the emulator). `iterations` and `iteration_tokens` are the
     engine's cumulative iteration count and the tokens those iterations scheduled;
-    `preemptions` its cumulative preemption count.
+    `preemptions` its cumulative preemption count. `requested_at` is when the poller
+    sent the scrape (the page shows the engine at a moment between that and the
+    sample's time, when the answer came); None for a page parsed without a scrape.
     """
 
     running: float
@@ -63,6 +65,8 @@ class EngineSample:
     iterations: float | None = None
     iteration_tokens: float | None = None
     preemptions: float | None = None
+    #: when, not what: left out of equality (two scrapes of one page are equal samples)
+    requested_at: float | None = field(default=None, compare=False)
 
     def waiting_for(self, reason: str) -> float:
         """Requests waiting for `reason` (0 when the page does not split waiting)."""
@@ -304,13 +308,19 @@ class MetricsPoller:
                 next_tick += math.ceil((now - next_tick) / self.interval_s) * self.interval_s
             await asyncio.sleep(next_tick - now)
 
-    async def _fetch(self, url: str) -> dict[str, EngineSample]:
+    async def _fetch(self, url: str) -> tuple[float, dict[str, EngineSample]]:
+        """The page's samples and when its answer came (before parsing, which may wait
+        for a thread), each sample stamped with when the request was sent."""
         if self._client is None:
             raise RuntimeError("poller client is closed")
+        requested_at = time.time()
         response = await self._client.get(url, timeout=self.timeout_s)
+        answered_at = time.time()
         if response.status_code != 200:
             raise ValueError(f"HTTP {response.status_code} from {url}")
-        return await asyncio.to_thread(parse_vllm_metrics, response.text)
+        samples = await asyncio.to_thread(parse_vllm_metrics, response.text)
+        stamped = {rank: replace(s, requested_at=requested_at) for rank, s in samples.items()}
+        return answered_at, stamped
 
     def _fail(self, state: _TargetState, error: str) -> None:
         state.failures += 1
@@ -321,7 +331,7 @@ class MetricsPoller:
         page = self.pages[url]
         try:
             # httpx's timeout is per operation; a server trickling bytes needs a total bound.
-            samples = await asyncio.wait_for(self._fetch(url), self.timeout_s)
+            ts, samples = await asyncio.wait_for(self._fetch(url), self.timeout_s)
         except Exception as exc:  # any failure only marks the targets; it never stops polling
             reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError | httpx.TimeoutException):
@@ -337,7 +347,6 @@ class MetricsPoller:
             if (url, rank) not in self._logged:
                 self._logged.add((url, rank))
                 logger.error("%s (entries name %s)", error, sorted(_claims(page)))
-        ts = time.time()
         for target in page:
             state = self._state[target.worker]
             try:

@@ -188,7 +188,7 @@ class InvariantChecker:
         self, ts: float, worker_id: str, expected: int, running: int
     ) -> list[Violation]:
         """The engine ran `running` requests in a step where the mirror expected `expected`."""
-        return self._compare(ts, worker_id, expected, running, "step")
+        return self._compare(ts, worker_id, (expected, expected), running, "step")
 
     def on_engine_sample(
         self,
@@ -200,8 +200,14 @@ class InvariantChecker:
         deferred: float = 0.0,
         capacity_waiting: float = 0.0,
         preemptions: float | None = None,
+        requested_at: float | None = None,
     ) -> list[Violation]:
         """A scrape of the engine's `/metrics`, checked once the mirror reached its time.
+
+        The page shows the engine at some moment between the scrape's request
+        (`requested_at`, default `ts`) and its answer (`ts`): the mirror's count is
+        taken as its range over that span (`ActiveHistory`), and only a count outside
+        it is drift. A span the history cannot cover is not judged.
 
         The mirror counts a request active from its dispatch to its finish; the engine
         runs it, or holds it in its waiting queue. vLLM's `num_requests_running` leaves
@@ -221,27 +227,32 @@ class InvariantChecker:
         worker = mirror.workers.get(worker_id)
         if worker is None:
             return []
+        start = ts if requested_at is None else min(requested_at, ts)
+        span = worker.active_history.between(start, ts, len(worker.active))
+        if span is None:
+            return []
         return self._compare(
-            ts, worker_id, len(worker.active), running, "scrape",
-            excused=deferred + capacity_waiting,
-        )  # fmt: skip
+            ts, worker_id, span, running, "scrape", excused=deferred + capacity_waiting
+        )
 
     def _compare(
         self,
         ts: float,
         worker_id: str,
-        expected: int,
+        expected: tuple[int, int],
         running: float,
         what: str,
         excused: float = 0.0,
     ) -> list[Violation]:
-        """Drift when the mirror's `expected` is below `running`, or above `running` plus
-        the `excused` waiting, by more than the tolerance, for `drift_samples` in a row."""
+        """Drift when the mirror's count (its `expected` range, lowest and highest) is
+        below `running`, or above `running` plus the `excused` waiting, by more than the
+        tolerance, for `drift_samples` in a row over at least `drift_min_s`."""
         key = f"{what}:{worker_id}"
         tolerance = (
             self.config.scrape_drift_tolerance if what == "scrape" else self.config.drift_tolerance
         )
-        if running - expected > tolerance or expected - running - excused > tolerance:
+        low, high = expected
+        if running - high > tolerance or low - running - excused > tolerance:
             run = self._drift_run.get(key, 0) + 1
             self._drift_run[key] = run
             since = self._drift_since.setdefault(key, ts)
@@ -252,7 +263,8 @@ class InvariantChecker:
                     ts,
                     worker_id,
                     None,
-                    f"{worker_id}: mirror has {expected} active, engine reports "
+                    f"{worker_id}: mirror has {low if low == high else f'{low}-{high}'} "
+                    f"active, engine reports "
                     f"{running:g} running{waiting} for {run} {what}s over {ts - since:.1f} s",
                 )
         else:

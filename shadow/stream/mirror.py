@@ -27,6 +27,7 @@ import numpy as np
 
 from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, prompt_key_id
 from shadow.predict.predictors import SurvivalPredictor
+from shadow.stream.active_history import ActiveHistory
 
 #: Finish reasons after which a request's length says something about future requests.
 NATURAL_FINISH = frozenset({"stop", "length"})
@@ -93,6 +94,7 @@ class RequestState:
 class WorkerState:
     __slots__ = (
         "active",
+        "active_history",
         "capacity",
         "index",
         "last_step",
@@ -115,6 +117,8 @@ class WorkerState:
         self.prompt_sum = 0
         self.offset_sum = 0
         self.active: dict[str, RequestState] = {}
+        #: recent changes of len(active), for comparing scrapes (`ActiveHistory`)
+        self.active_history = ActiveHistory()
         #: dispatched requests not yet seen in a step (a dispatch lands mid-step in a
         #: live fleet: the request first decodes in the next step)
         self.starting: list[RequestState] = []
@@ -343,6 +347,7 @@ class FleetMirror:
         request.last_seen_ts = ts
         request.offset = worker.steps - request.progress
         worker.active[request_id] = request
+        worker.active_history.record(ts, len(worker.active) - 1, len(worker.active))
         self.running += 1
         worker.prompt_sum += request.prompt_tokens
         worker.offset_sum += request.offset
@@ -390,7 +395,7 @@ class FleetMirror:
         self.pool.pop(request_id, None)
         worker = request.worker
         if worker is not None:
-            self._release(worker, request)
+            self._release(worker, request, ts)
         request.finished = True
         request.output_tokens = output_tokens
         request.estimated = estimated
@@ -433,7 +438,7 @@ class FleetMirror:
         if request is None or request.finished or request.worker is None:
             return None
         worker = request.worker
-        self._release(worker, request)
+        self._release(worker, request, ts)
         # a request not yet seen in a step waits in `starting`: it must not be counted
         # twice there if it comes back to the same worker
         worker.starting = [r for r in worker.starting if r is not request]
@@ -442,9 +447,10 @@ class FleetMirror:
         self.pool[request_id] = request
         return request
 
-    def _release(self, worker: WorkerState, request: RequestState) -> None:
+    def _release(self, worker: WorkerState, request: RequestState, ts: float) -> None:
         request.progress = max(request.progress, worker.steps - request.offset)
         del worker.active[request.request_id]
+        worker.active_history.record(ts, len(worker.active) + 1, len(worker.active))
         self.running -= 1
         worker.prompt_sum -= request.prompt_tokens
         worker.offset_sum -= request.offset
@@ -457,7 +463,7 @@ class FleetMirror:
     def release_ghost(self, request: RequestState) -> None:
         """Free the slot of a request that stopped reporting (it stays unfinished)."""
         if request.worker is not None:
-            self._release(request.worker, request)
+            self._release(request.worker, request, self.now)
         request.finished = True
         heapq.heappush(self._finished, (self.now, next(self._finished_count), request))
 

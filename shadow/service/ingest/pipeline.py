@@ -550,7 +550,10 @@ class Pipeline:
         while pending and pending[0][0] <= state.mirror.now:
             ts, worker, sample = heapq.heappop(pending)
             current = state.mirror.workers.get(worker)
-            active = len(current.active) if current is not None else 0
+            active = 0
+            if current is not None:  # the count at the scrape's time, not the mirror's now
+                at_ts = current.active_history.between(ts, ts, len(current.active))
+                active = at_ts[1] if at_ts is not None else len(current.active)
             state.last_sample[worker] = (ts, float(sample.running), active)
             batch.samples.append(
                 (state.fleet, worker, ts, float(sample.running), float(sample.waiting),
@@ -564,6 +567,7 @@ class Pipeline:
                 deferred=sample.waiting_for("deferred"),
                 capacity_waiting=sample.waiting_for("capacity"),
                 preemptions=sample.preemptions,
+                requested_at=getattr(sample, "requested_at", None),
             )
             violations.extend((self._next_id - 1, v) for v in found)
 
