@@ -372,6 +372,9 @@ def bench_tap(
     table.add_row("added by the tap, ms", f"{result.added_p50_ms:.3f}",
                   f"{result.added_p99_ms:.3f}",
                   f"P99 <= {bench.TARGET_P99_ADDED_MS:g} {added_ok}")  # fmt: skip
+    if result.handoff_p99_ms is not None:
+        table.add_row("tap's own hand-off, ms (bucket bound)", f"<= {result.handoff_p50_ms:g}",
+                      f"<= {result.handoff_p99_ms:g}", "")  # fmt: skip
     console.print(table)
     if result.p99_met is None:
         console.print(
