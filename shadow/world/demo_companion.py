@@ -7,6 +7,7 @@ router, `shadow tap`, the plugin)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import time
 from multiprocessing.connection import Connection
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from shadow.service.ingest.pipeline import Pipeline
     from shadow.service.settings import ServiceSettings
     from shadow.world.assembly import WorldAddresses
+    from shadow.world.real_vllm import RealWorld
 
 #: the real world's demo: its ranks and the bounds of its traffic (the tiny model streams
 #: ~600 tokens/s on 2 cores; longer prompts than the model's 4,096 would be refused)
@@ -93,23 +95,36 @@ def real_world_main(conn: Connection, plan: DemoPlan) -> None:
     """Child process: run the real-vLLM world and loop traffic until told to stop."""
     from shadow.service.workers import exit_with_parent, ignore_stop_signals
 
+    started: list[RealWorld] = []
+    workdir = Path(tempfile.mkdtemp(prefix="shadow-demo-vllm-"))
+
+    def cleanup() -> None:  # the engines, tap and model directory, whatever ends this
+        for world in started:
+            world.stop_processes()
+        shutil.rmtree(workdir, ignore_errors=True)
+
     ignore_stop_signals()
-    exit_with_parent()
-    asyncio.run(_real_world(conn, plan))
+    exit_with_parent(cleanup)
+    try:
+        asyncio.run(_real_world(conn, plan, workdir, started))
+    finally:
+        cleanup()
 
 
-async def _real_world(conn: Connection, plan: DemoPlan) -> None:
+async def _real_world(
+    conn: Connection, plan: DemoPlan, workdir: Path, started: list[RealWorld]
+) -> None:
     from shadow.world.loadgen import run_load
     from shadow.world.real_vllm import SERVED_MODEL, RealWorld, RealWorldOptions, ServerSpec
 
     boot = int(time.time())
-    workdir = Path(tempfile.mkdtemp(prefix="shadow-demo-vllm-"))
     options = RealWorldOptions(
         servers=(ServerSpec(dp=plan.workers),), capacity=plan.batch, fleet=plan.fleet,
         incarnation=boot,
     )  # fmt: skip
     try:
         world = RealWorld(plan.service_url, workdir, options)
+        started.append(world)
         await asyncio.to_thread(world.start)
         addresses = await world.serve_router()
     except Exception as error:
