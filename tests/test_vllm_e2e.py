@@ -29,13 +29,18 @@ import httpx
 import pytest
 import uvicorn
 
+from shadow.connectors.tap.proxy import KEEPALIVE_EXPIRY_S
 from shadow.world.emulator import QuietServer
 from shadow.world.process import ServerProcess, free_port
 from shadow.world.real_vllm import RealWorld, RealWorldOptions, ServerSpec
 from tests.vllm_helpers import engine_value, need_vllm, scrape
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
-REJECTED_PROMPT = 5000  # over --max-model-len 4096: the engine refuses it
+#: room for requests that outlast the test's phases on a fast host (the tiny model on one
+#: OpenMP thread streams 3,000 tokens in about 5 s)
+MAX_MODEL_LEN = 8192
+REJECTED_PROMPT = 9000  # over --max-model-len: the engine refuses it
+LONG_TOKENS = 7000
 
 
 # -- the loop the router and the recorders run in ----------------------------------------
@@ -67,7 +72,9 @@ class Recorder:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        self.client = self.client or httpx.AsyncClient(timeout=None)
+        self.client = self.client or httpx.AsyncClient(
+            timeout=None, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        )
         body = b""
         while True:
             message = await receive()
@@ -142,6 +149,10 @@ class Job:
     complete: bool = False
     chunks: int = 0
     error: str | None = None
+    left_at: float | None = None  # when the client closed the connection mid-stream
+    sent_at: float | None = None
+    done_at: float | None = None
+    first_byte_at: float | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -162,6 +173,7 @@ class Job:
 def call(router: str, job: Job) -> Job:
     path = "/v1/chat/completions" if job.chat else "/v1/completions"
     headers = {"x-request-id": job.rid, "accept-encoding": "identity"}
+    job.sent_at = time.time()
     try:
         with (
             httpx.Client(timeout=300) as client,
@@ -170,16 +182,27 @@ def call(router: str, job: Job) -> Job:
             job.status = answer.status_code
             data = bytearray()
             for chunk in answer.iter_raw():
+                job.first_byte_at = job.first_byte_at or time.time()
                 data += chunk
                 job.chunks = data.count(b"data: ")
                 if job.cancel_after is not None and job.chunks >= job.cancel_after:
+                    job.left_at = time.time()
                     break  # leaving the block closes the connection mid-stream
             else:
                 job.complete = True
             job.body = bytes(data)
+            job.done_at = time.time()
     except httpx.HTTPError as error:
         job.error = f"{type(error).__name__}: {error}"
     return job
+
+
+def timeline(jobs: list[Job], t0: float) -> list[tuple]:
+    """Each job's first byte and end, in seconds since `t0` (None: not reached)."""
+    return [
+        tuple(None if at is None else round(at - t0, 2) for at in (j.first_byte_at, j.done_at))
+        for j in jobs
+    ]
 
 
 def jobs() -> list[Job]:
@@ -303,7 +326,10 @@ def run(tmp_path_factory):
         f"http://127.0.0.1:{port}",
         tmp / "world",
         RealWorldOptions(
-            servers=(ServerSpec(dp=2), ServerSpec(dp=1)),
+            servers=(
+                ServerSpec(dp=2, max_model_len=MAX_MODEL_LEN),
+                ServerSpec(dp=1, max_model_len=MAX_MODEL_LEN),
+            ),
             capacity=16,
             plugin_env={"SHADOW_PLUGIN_MAX_QUEUE": "20000"},
         ),
@@ -341,37 +367,48 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
     comparison of the mirror with the engine, a client that leaves, a refused request."""
     load = jobs()
     # long enough to be running on every worker at the kill
-    longs = [Job(f"long{i}-{uuid.uuid4().hex[:8]}", False, True, 1, 200, 3000) for i in range(6)]
-    # long enough that the client's leaving reaches the engine well before its end
-    cancelled = Job(f"gone-{uuid.uuid4().hex[:8]}", False, True, 1, 120, 1500, cancel_after=6)
+    longs = [
+        Job(f"long{i}-{uuid.uuid4().hex[:8]}", False, True, 1, 200, LONG_TOKENS) for i in range(6)
+    ]
+    # long enough that the client's leaving reaches the engine well before its end: with
+    # 1,500 tokens the engine, alone, had generated them all before the client had read 6
+    # events (it finished 0.085 s before the client left)
+    cancelled = Job(
+        f"gone-{uuid.uuid4().hex[:8]}", False, True, 1, 120, LONG_TOKENS, cancel_after=6
+    )
     rejected = Job(f"refused-{uuid.uuid4().hex[:8]}", False, False, 1, REJECTED_PROMPT, 16)
     result = Run(world, service, recorders, load + longs, cancelled, rejected, [])
     engine_url = world.servers[0].url
     with ThreadPoolExecutor(16) as pool, httpx.Client(base_url=service.url, timeout=30) as api:
+        t0 = time.time()
         running = [pool.submit(call, router, job) for job in longs]  # JSQ: 2 per worker
 
-        # steady phase, once the engine runs all of them (a fixed sleep raced the tiny
-        # model, which can finish 1,500 tokens in 5 s): the mirror against the engine
+        # The kill as soon as every worker runs its two (they start together; alone on
+        # its engine worker 2 streams fastest, and waiting for one phase after another
+        # let some run to their end first), then at once the steady phase on the others.
+        worker2 = world.servers[1].url
         seen: dict[str, float] = {}
 
+        history: list[tuple[float, ...]] = []  # (s since the start, running on 0, 1, 2)
+        began = time.monotonic()
+
         def all_running() -> bool:
+            seen["2"] = engine_value(scrape(worker2), "vllm:num_requests_running", "0")
             page = scrape(engine_url)
             for e in "01":
                 seen[e] = engine_value(page, "vllm:num_requests_running", e)
-            return all(seen[e] == 2 for e in "01")
+            now = (round(time.monotonic() - began, 2), seen["0"], seen["1"], seen["2"])
+            if not history or history[-1][1:] != now[1:]:
+                history.append(now)
+            return all(seen[w] == 2 for w in "012")
 
-        assert wait_until(all_running, 60, every=0.1), (
+        assert wait_until(all_running, 60, every=0.05), (
             f"the long requests never all ran (2 per worker): the engines last ran {seen}, "
-            f"clients: {[(j.rid, j.status, j.error) for j in longs if j.status or j.error]}"
+            f"clients: {[(j.rid, j.status, j.error) for j in longs if j.status or j.error]}; "
+            f"refused: {[j.body[:300] for j in longs if j.status and j.status != 200]}; "
+            f"running over time (s, 0, 1, 2): {history}; clients' first byte and end (s): "
+            f"{timeline(longs, t0)}"
         )
-        # the kill first, while worker 2 (server 1, alone on its engine) still streams its
-        # two: after the steady phase's seconds they had run to their end
-        worker2 = world.servers[1].url
-
-        def worker2_runs_both() -> bool:
-            return engine_value(scrape(worker2), "vllm:num_requests_running", "0") == 2
-
-        assert wait_until(worker2_runs_both, 60, every=0.1), "worker 2 never ran its two"
         result.killed_workers = world.kill_server(1)
         for _ in range(6):
             api.post("/v1/flush")
@@ -490,7 +527,15 @@ def test_the_cancelled_request_stores_the_engines_own_count(run):
 
         rows = wait_until(stored, 30)
     print(f"\ncancelled after {job.chunks} chunks; the engine generated {generated}; {rows}")
-    assert job.chunks - 2 <= generated < job.max_tokens, (job.chunks, generated)
+    left = job.left_at or 0.0
+    ends = {r["source"]: round(r["ts"] - left, 3) for r in rows}
+    timing = (f"sent {left - (job.sent_at or 0):.3f} s and first byte "
+              f"{left - (job.first_byte_at or 0):.3f} s before the client left")  # fmt: skip
+    assert job.chunks - 2 <= generated < job.max_tokens, (
+        f"{job.chunks} chunks read, {generated} generated; {timing}; finishes after the "
+        f"client left by (s): {ends}"
+    )
+    print(timing)
     assert rows and {r["reason"] for r in rows} <= {"cancelled", "abort"}, rows
     # vLLM 0.32 reports no count for an aborted request, so the stored one is the tap's:
     # what it streamed, flagged as an estimate. The engine may have generated what no one

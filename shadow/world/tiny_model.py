@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 VOCAB_SIZE = 2048
-MAX_MODEL_LEN = 4096
+#: the longest context the model takes (servers pick theirs up to it: `--max-model-len`)
+MAX_MODEL_LEN = 16384
 
 #: a chat template in the Llama 3 style (vLLM's chat endpoint needs one)
 CHAT_TEMPLATE = (

@@ -67,12 +67,21 @@ _JSON = [(b"content-type", b"application/json")]
 _FIELDS = {k: {f.name for f in msgspec.structs.fields(k)} for k in (FinishEvent, ProgressEvent)}
 
 
+#: idle upstream connections are dropped after this: below the engines' own keep-alive
+#: (uvicorn's, so vLLM's, is 5 s, as is httpx's default expiry), so the tap never sends a
+#: request on a connection the engine is closing at that moment (answered 502)
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 def proxy_client() -> httpx.AsyncClient:
     """No read timeout (streams are long), a connection per stream in flight."""
     return httpx.AsyncClient(
         timeout=httpx.Timeout(None, connect=5.0),
-        limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500),
-    )
+        limits=httpx.Limits(
+            max_connections=2000, max_keepalive_connections=500,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        ),
+    )  # fmt: skip
 
 
 def _words(content: object) -> int:
