@@ -1,5 +1,6 @@
 import json
 
+import duckdb
 from typer.testing import CliRunner
 
 from shadow.cli import app
@@ -247,5 +248,14 @@ def test_bench_fleet_runs_the_counterfactuals_when_asked(tmp_path):
                                  "--minutes", "0.3", "--no-http", "--counterfactuals",
                                  "--workdir", str(tmp_path), "--json", str(out)])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["counterfactuals"] == "on"
+    report = json.loads(out.read_text())
+    assert report["counterfactuals"] == "on"
     assert "continuous counterfactuals: on" in result.output
+    # the last sample's count of evaluated windows is what the pass's database holds
+    last = report["file"]["samples"][-1]
+    with duckdb.connect(str(tmp_path / "fleet-file.duckdb"), read_only=True) as con:
+        stored, end = con.execute("SELECT count(*), max(t_end) FROM windows").fetchone()
+    assert last["windows"] == stored
+    assert last["counterfactual_lag_s"] == (
+        None if end is None else max(0.0, last["fleet_s"] - end)
+    )

@@ -74,6 +74,8 @@ SAMPLE_S = 30.0
 FULL_SHARE = 0.9
 AUDIT_TARGET_P99_MS = 1.0
 NDJSON = {"content-type": "application/x-ndjson"}
+#: the fleet name the recorded events carry (replay/events' default)
+FLEET = "default"
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,8 @@ def audit_cost(recording: FleetRecording, shape: FleetShape) -> dict[str, Any]:
             continue
         total.append(elapsed)
         for decision in outcomes[0].decisions:
-            per_policy.setdefault(decision.policy, []).append(decision.latency_ms)
+            if decision.latency_ms is not None:  # a round's time is on its first decision
+                per_policy.setdefault(decision.policy, []).append(decision.latency_ms)
     auditor = next(iter(follower.fleets.values()))[1] if follower.fleets else None
     kept = auditor.projection if auditor is not None else None
     return {
@@ -228,6 +231,16 @@ class Sample:
     behind_s: float
     cpu_s: dict[str, float]
     rss_mib: dict[str, float]
+    #: the continuous counterfactuals' windows stored so far, and the fleet time the
+    #: latest of them ends at (None: none yet, or counterfactuals off). A window is
+    #: evaluated once every request in it has finished (~one request's life after its end)
+    windows: int = 0
+    window_end_s: float | None = None
+
+    @property
+    def counterfactual_lag_s(self) -> float | None:
+        """Seconds of fleet time between now and the end of the latest evaluated window."""
+        return None if self.window_end_s is None else max(0.0, self.fleet_s - self.window_end_s)
 
 
 def _processes(pid: int) -> dict[str, int]:
@@ -269,7 +282,7 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
         "rss_mib_end": total[-1][1] if total else None,
         "rss_mib_max": max(mib for _, mib in total) if total else None,
         "growth_mib_per_min_after_1_min": growth_mib_per_min(settled),
-        "samples": [asdict(s) for s in samples],
+        "samples": [asdict(s) | {"counterfactual_lag_s": s.counterfactual_lag_s} for s in samples],
     }
 
 
@@ -310,27 +323,39 @@ def ingest_file(
             if fleet_s >= next_sample:
                 next_sample += SAMPLE_S
                 cpu, rss = _footprint(pid)
+                windows, window_end = _stored_windows(runtime)
                 sample = Sample(fleet_s, time.perf_counter() - started, events,
                                 pipeline.audit_lag_s, 0.0,
-                                {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}, rss)  # fmt: skip
+                                {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}, rss,
+                                windows, window_end)  # fmt: skip
                 samples.append(sample)
                 note(_line("file", sample))
         pipeline.drain()
         seconds = time.perf_counter() - started
         cpu, rss = _footprint(pid)
         used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
-        samples.append(Sample(recording.fleet_seconds, seconds, events, 0.0, 0.0, used, rss))
+        windows, window_end = _stored_windows(runtime)
+        samples.append(Sample(recording.fleet_seconds, seconds, events, 0.0, 0.0, used, rss,
+                              windows, window_end))  # fmt: skip
         note(_line("file (drained)", samples[-1]))
     finally:
         runtime.close()
     return _summary(samples, events, seconds, recording.required_events_per_s)
 
 
+def _stored_windows(runtime: Runtime) -> tuple[int, float | None]:
+    """How many windows the in-process service stored, and where the latest one ends."""
+    row = runtime.store.query("SELECT count(*) AS n, max(t_end) AS t_end FROM windows")[0]
+    return int(row["n"]), row["t_end"]
+
+
 def _line(path: str, s: Sample) -> str:
     rss = " + ".join(f"{role} {mib:,.0f}" for role, mib in s.rss_mib.items())
+    windows = "" if s.window_end_s is None else (
+        f", {s.windows} windows (the latest ends {s.counterfactual_lag_s:.0f} s ago)")  # fmt: skip
     return (f"{path} {s.fleet_s:5.0f} s of fleet time at {s.wall_s:6.1f} s wall: "
             f"{s.events:,} events, audit {s.audit_lag_s:.2f} s behind, source "
-            f"{s.behind_s:.2f} s behind; RSS MiB {rss}")  # fmt: skip
+            f"{s.behind_s:.2f} s behind{windows}; RSS MiB {rss}")  # fmt: skip
 
 
 # -- pass 3: over HTTP at the fleet's pace --------------------------------------------
@@ -357,6 +382,17 @@ def _slices(log: Path, slice_s: float) -> list[tuple[float, bytes, Counter[str]]
     if lines:
         out.append((end, b"".join(lines), kinds))
     return out
+
+
+def _served_windows(client: httpx.Client, fleet: str) -> tuple[int, float | None]:
+    """How many windows the service stored for `fleet`, and where the latest one ends."""
+    first = client.get(f"/v1/fleets/{fleet}/windows", params={"policies": "false", "limit": 1})
+    total = int(first.json()["total"])
+    if not total:
+        return 0, None
+    last = client.get(f"/v1/fleets/{fleet}/windows",
+                      params={"policies": "false", "limit": 1, "offset": total - 1})  # fmt: skip
+    return total, float(last.json()["items"][0]["t_end"])
 
 
 def _metric(text: str, name: str) -> float:
@@ -431,12 +467,13 @@ def ingest_http(
                     continue
                 metrics = client.get("/metrics").text
                 lag = _metric(metrics, "shadow_audit_lag_seconds")
+                windows, window_end = _served_windows(client, FLEET)
                 cpu, rss = _footprint(pid)
                 used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
                 with acked.lock:
                     events, behind = acked.events, max(acked.behind_s.values(), default=0.0)
                 sample = Sample(next_sample, time.monotonic() - started, events, lag, behind,
-                                used, rss)  # fmt: skip
+                                used, rss, windows, window_end)  # fmt: skip
                 samples.append(sample)
                 note(_line("http", sample))
                 next_sample += SAMPLE_S
@@ -444,11 +481,12 @@ def ingest_http(
             metrics = client.get("/metrics").text
             end_lag = _metric(metrics, "shadow_audit_lag_seconds")
             skipped = _metric(metrics, "shadow_audit_skipped_total")
+            windows, window_end = _served_windows(client, FLEET)
             cpu, rss = _footprint(pid)
             used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
             behind = max(acked.behind_s.values(), default=0.0)
             samples.append(Sample(recording.fleet_seconds, sent_s, acked.events, end_lag,
-                                  behind, used, rss))  # fmt: skip
+                                  behind, used, rss, windows, window_end))  # fmt: skip
             note(_line("http (sent)", samples[-1]))
             client.post("/v1/flush").raise_for_status()
             seconds = time.monotonic() - started

@@ -496,12 +496,15 @@ def bench_fleet(
                             report[path]["cpu_us_per_event"].items())  # fmt: skip
             console.print(f"{path}: CPU per event by process: {cpu or '-'}")
     lag = Table(title=f"Every {bench.SAMPLE_S:.0f} s of fleet time")
-    for column in ("path", "fleet s", "wall s", "audit behind s", "source behind s", "RSS MiB"):
+    for column in ("path", "fleet s", "wall s", "audit behind s", "source behind s",
+                   "windows", "cf behind s", "RSS MiB"):  # fmt: skip
         lag.add_column(column, justify="left" if column == "path" else "right")
     for path in ("file", "http"):
         for s in (report.get(path) or {}).get("samples", []):
+            cf = s["counterfactual_lag_s"]
             lag.add_row(path, f"{s['fleet_s']:.0f}", f"{s['wall_s']:.1f}",
-                        f"{s['audit_lag_s']:.2f}", f"{s['behind_s']:.2f}",
+                        f"{s['audit_lag_s']:.2f}", f"{s['behind_s']:.2f}", f"{s['windows']}",
+                        "-" if cf is None else f"{cf:.0f}",
                         f"{sum(s['rss_mib'].values()):,.0f}")  # fmt: skip
     console.print(lag)
     if "http" in report:
