@@ -4,6 +4,7 @@ import duckdb
 from typer.testing import CliRunner
 
 from shadow.cli import app
+from shadow.service.settings import load_settings
 
 runner = CliRunner()
 
@@ -259,3 +260,20 @@ def test_bench_fleet_runs_the_counterfactuals_when_asked(tmp_path):
     assert last["counterfactual_lag_s"] == (
         None if end is None else max(0.0, last["fleet_s"] - end)
     )
+
+
+def test_bench_fleet_passes_the_audit_backlog_bound_to_the_service(tmp_path):
+    """--max-audit-backlog reaches the pass's service settings; the report counts skips."""
+    out = tmp_path / "fleet.json"
+    result = runner.invoke(app, ["bench", "fleet", "--workers", "8", "--batch", "8",
+                                 "--minutes", "0.2", "--no-http", "--audit-sampling",
+                                 "--max-audit-backlog", "4", "--workdir", str(tmp_path),
+                                 "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    settings = load_settings(tmp_path / "fleet-file.toml", db=tmp_path / "x.duckdb")
+    assert settings.limits.max_audit_backlog == 4
+    file_pass = json.loads(out.read_text())["file"]
+    assert file_pass["audit_sampling"] is True
+    assert f"{file_pass['audit_skipped']:,} dispatches skipped" in result.output
+    refused = runner.invoke(app, ["bench", "fleet", "--max-audit-backlog", "1", "--no-http"])
+    assert refused.exit_code == 2 and "max-audit-backlog" in refused.output

@@ -289,13 +289,20 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
 # -- pass 2: from a file --------------------------------------------------------------
 
 
-def _service_config(db: Path, audit_sampling: bool, counterfactuals: bool = False) -> Path:
+def _service_config(
+    db: Path, audit_sampling: bool, counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
+) -> Path:  # fmt: skip
     """The service's TOML for a pass: windows (the continuous counterfactuals) only when
-    asked; the audit's sampling as asked."""
+    asked; the audit's sampling as asked; the audit's backlog bound (sampling starts at
+    half of it) the service's default unless given."""
     config = db.with_suffix(".toml")
     sampling = "true" if audit_sampling else "false"
     windows = "true" if counterfactuals else "false"
-    config.write_text(f"[ingest]\nwindows_enabled = {windows}\naudit_sampling = {sampling}\n")
+    text = f"[ingest]\nwindows_enabled = {windows}\naudit_sampling = {sampling}\n"
+    if max_audit_backlog is not None:
+        text += f"[limits]\nmax_audit_backlog = {max_audit_backlog}\n"
+    config.write_text(text)
     return config
 
 
@@ -305,9 +312,11 @@ def ingest_file(
     note: Callable[[str], None],
     audit_sampling: bool = False,
     counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
 ) -> dict:
     """The pipeline of `shadow ingest`, as fast as it goes, with the audit worker."""
-    runtime = Runtime(load_settings(_service_config(db, audit_sampling, counterfactuals), db=db))
+    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog)
+    runtime = Runtime(load_settings(config, db=db))
     pipeline = runtime.pipeline
     samples: list[Sample] = []
     events = 0
@@ -338,9 +347,11 @@ def ingest_file(
         samples.append(Sample(recording.fleet_seconds, seconds, events, 0.0, 0.0, used, rss,
                               windows, window_end))  # fmt: skip
         note(_line("file (drained)", samples[-1]))
+        skipped = sum(state.sampler.skipped for state in pipeline.fleets.values())
     finally:
         runtime.close()
-    return _summary(samples, events, seconds, recording.required_events_per_s)
+    summary = _summary(samples, events, seconds, recording.required_events_per_s)
+    return summary | {"audit_sampling": audit_sampling, "audit_skipped": skipped}
 
 
 def _stored_windows(runtime: Runtime) -> tuple[int, float | None]:
@@ -422,11 +433,12 @@ def ingest_http(
     senders: int = 4,
     audit_sampling: bool = False,
     counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
 ) -> dict:
     """`shadow serve` fed at the fleet's real-time rate: the stream cut into `slice_s` of
     fleet time, slice `i` sent by sender `i % senders` once it has happened (a fleet has
     many sources posting at once; slices stay within the reorder window of each other)."""
-    config = _service_config(db, audit_sampling, counterfactuals)
+    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog)
     slices = _slices(recording.log, slice_s)
     server = ServerProcess(db, config).start()
     acked = _Acked()
@@ -496,6 +508,7 @@ def ingest_http(
     summary |= {
         "senders": senders,
         "audit_sampling": audit_sampling,
+        "max_audit_backlog": max_audit_backlog,
         "audit_skipped": skipped,
         "slice_s": slice_s,
         "behind_schedule_end_s": behind,
@@ -537,6 +550,7 @@ def run(
     http: bool = True,
     audit_sampling: bool = False,
     counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
     note: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Record the fleet, then the three passes, in `workdir` (kept) or a temporary one."""
@@ -559,7 +573,9 @@ def run(
         report["audit"] = audit_cost(recording, shape)
         note(f"audit cost: {report['audit']['audit_ms']}")
         file_db = root / "fleet-file.duckdb"
-        report["file"] = ingest_file(recording, file_db, note, audit_sampling, counterfactuals)
+        report["file"] = ingest_file(
+            recording, file_db, note, audit_sampling, counterfactuals, max_audit_backlog
+        )
         with duckdb.connect(str(file_db)) as con:
             con.execute("CHECKPOINT")
         size = file_db.stat().st_size
@@ -572,5 +588,6 @@ def run(
                 note,
                 audit_sampling=audit_sampling,
                 counterfactuals=counterfactuals,
+                max_audit_backlog=max_audit_backlog,
             )
         return report

@@ -434,6 +434,14 @@ def bench_fleet(
             help="Also evaluate the windows: every candidate's continuous counterfactual."
         ),
     ] = False,
+    max_audit_backlog: Annotated[
+        int | None,
+        typer.Option(
+            min=2,
+            help="The audit's backlog bound in batches (the service's default unless given); "
+            "with --audit-sampling it samples from half of it.",
+        ),
+    ] = None,
     workdir: BenchWorkdir = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
@@ -446,7 +454,7 @@ def bench_fleet(
         shape = bench.FleetShape(workers, batch, minutes, seed)
         report = bench.run(
             shape, workdir=workdir, http=http, audit_sampling=audit_sampling,
-            counterfactuals=counterfactuals,
+            counterfactuals=counterfactuals, max_audit_backlog=max_audit_backlog,
             note=lambda m: console.print(m, markup=False, highlight=False),
         )  # fmt: skip
     except ValueError as error:
@@ -495,6 +503,9 @@ def bench_fleet(
             cpu = ", ".join(f"{role} {us:.1f} us" for role, us in
                             report[path]["cpu_us_per_event"].items())  # fmt: skip
             console.print(f"{path}: CPU per event by process: {cpu or '-'}")
+    if report.get("file") and report["file"]["audit_sampling"]:
+        console.print(f"file: audit sampling on, {report['file']['audit_skipped']:,} "
+                      "dispatches skipped")  # fmt: skip
     lag = Table(title=f"Every {bench.SAMPLE_S:.0f} s of fleet time")
     for column in ("path", "fleet s", "wall s", "audit behind s", "source behind s",
                    "windows", "cf behind s", "RSS MiB"):  # fmt: skip
