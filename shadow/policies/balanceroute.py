@@ -165,8 +165,8 @@ def two_stage_admission(
     # `np.lexsort((worker_index, picture.current, -free))[0]` picks, without a sort).
     sorted_pool = SortedPool(prompts)
     while slots > config.s_greedy and len(decided) < pool_size:
-        most_free = np.flatnonzero(free == free.max())
-        g = int(most_free[np.argmin(picture.current[most_free])])
+        most_free = (free == free.max()).nonzero()[0]
+        g = int(most_free[picture.current[most_free].argmin()])
         if len(decided) == pool_size - 1:  # one request left: it is the best, unscored
             i = int(np.flatnonzero(~taken)[0])
         else:

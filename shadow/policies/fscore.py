@@ -69,13 +69,14 @@ class PiecewiseObjective:
 
     def __init__(self, margins: np.ndarray, discount: np.ndarray, alpha: float, beta: float):
         margins = np.asarray(margins, dtype=np.float64)
-        order = np.argsort(margins, kind="stable")
+        # (array methods, not np.* wrappers: Stage 1 builds one of these per choice)
+        order = margins.argsort(kind="stable")
         kinks = margins[order]
         weights = discount[order]
         self._kinks = kinks
         self._weights = weights
-        self._prefix_d = np.concatenate(([0.0], np.cumsum(weights)))
-        self._prefix_dm = np.concatenate(([0.0], np.cumsum(weights * kinks)))
+        self._prefix_d = np.concatenate(([0.0], weights.cumsum()))
+        self._prefix_dm = np.concatenate(([0.0], (weights * kinks).cumsum()))
         self._gain = alpha * float(self._prefix_d[-1])
         self._beta = float(beta)
 
@@ -92,7 +93,7 @@ class PiecewiseObjective:
 
     def values(self, added: np.ndarray) -> np.ndarray:
         added = np.asarray(added, dtype=np.float64)
-        k = np.searchsorted(self._kinks, added, side="left")
+        k = self._kinks.searchsorted(added, side="left")
         return self._gain * added - self._beta * (added * self._prefix_d[k] - self._prefix_dm[k])
 
     def rounding_bound(self, largest: float) -> float:
@@ -118,5 +119,5 @@ class PiecewiseObjective:
         # The slope after kink k is gain - beta * prefix_d[k + 1]; prefix_d only grows.
         if self._beta <= 0.0:
             return math.inf
-        k = int(np.searchsorted(self._prefix_d[1:], self._gain / self._beta, side="left"))
+        k = int(self._prefix_d[1:].searchsorted(self._gain / self._beta, side="left"))
         return float(self._kinks[k]) if k < self._kinks.shape[0] else math.inf

@@ -47,7 +47,7 @@ class SortedPool:
     def take(self, position: int) -> None:
         """Remove the request at pool `position` (admitted) from the choice."""
         ranks = self._table[1, : self._count]
-        at = int(np.searchsorted(ranks, self._rank[position]))
+        at = int(ranks.searchsorted(self._rank[position]))
         if at == self._count or ranks[at] != self._rank[position]:
             raise ValueError(f"pool position {position} is taken already")
         self._sizes[at : self._count - 1] = self._sizes[at + 1 : self._count]
@@ -63,7 +63,7 @@ class SortedPool:
         tolerance = 2.0 * objective.rounding_bound(self._largest)
         if not math.isfinite(tolerance):  # not concave (or not finite): score them all
             return self._best_in(objective, 0, count)[0]
-        peak = int(np.searchsorted(self._sizes[:count], objective.peak(), side="left"))
+        peak = int(self._sizes[:count].searchsorted(objective.peak(), side="left"))
         left = right = FIRST_REACH
         while True:
             lo, hi = max(0, peak - left), min(count, peak + right)
