@@ -31,6 +31,9 @@ def test_bench_router_writes_the_documented_json(tmp_path):
             "max_ms",
         }
         assert 0 < case["p50_ms"] <= case["p99_ms"] <= case["max_ms"]
+        # a round's CPU time is at most its wall time, so its percentiles are too (plus
+        # the clocks' resolution)
+        assert 0 < case["cpu_p50_ms"] <= case["cpu_p99_ms"] <= case["p99_ms"] + 0.1
 
 
 def test_bench_router_names_an_unknown_policy():
