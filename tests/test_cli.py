@@ -1,8 +1,10 @@
 import json
 
+import duckdb
 from typer.testing import CliRunner
 
 from shadow.cli import app
+from shadow.service.settings import load_settings
 
 runner = CliRunner()
 
@@ -29,6 +31,9 @@ def test_bench_router_writes_the_documented_json(tmp_path):
             "max_ms",
         }
         assert 0 < case["p50_ms"] <= case["p99_ms"] <= case["max_ms"]
+        # a round's CPU time is at most its wall time, so its percentiles are too (plus
+        # the clocks' resolution)
+        assert 0 < case["cpu_p50_ms"] <= case["cpu_p99_ms"] <= case["p99_ms"] + 0.1
 
 
 def test_bench_router_names_an_unknown_policy():
@@ -247,5 +252,31 @@ def test_bench_fleet_runs_the_counterfactuals_when_asked(tmp_path):
                                  "--minutes", "0.3", "--no-http", "--counterfactuals",
                                  "--workdir", str(tmp_path), "--json", str(out)])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["counterfactuals"] == "on"
+    report = json.loads(out.read_text())
+    assert report["counterfactuals"] == "on"
     assert "continuous counterfactuals: on" in result.output
+    # the last sample's count of evaluated windows is what the pass's database holds
+    last = report["file"]["samples"][-1]
+    with duckdb.connect(str(tmp_path / "fleet-file.duckdb"), read_only=True) as con:
+        stored, end = con.execute("SELECT count(*), max(t_end) FROM windows").fetchone()
+    assert last["windows"] == stored
+    assert last["counterfactual_lag_s"] == (
+        None if end is None else max(0.0, last["fleet_s"] - end)
+    )
+
+
+def test_bench_fleet_passes_the_audit_backlog_bound_to_the_service(tmp_path):
+    """--max-audit-backlog reaches the pass's service settings; the report counts skips."""
+    out = tmp_path / "fleet.json"
+    result = runner.invoke(app, ["bench", "fleet", "--workers", "8", "--batch", "8",
+                                 "--minutes", "0.2", "--no-http", "--audit-sampling",
+                                 "--max-audit-backlog", "4", "--workdir", str(tmp_path),
+                                 "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    settings = load_settings(tmp_path / "fleet-file.toml", db=tmp_path / "x.duckdb")
+    assert settings.limits.max_audit_backlog == 4
+    file_pass = json.loads(out.read_text())["file"]
+    assert file_pass["audit_sampling"] is True
+    assert f"{file_pass['audit_skipped']:,} dispatches skipped" in result.output
+    refused = runner.invoke(app, ["bench", "fleet", "--max-audit-backlog", "1", "--no-http"])
+    assert refused.exit_code == 2 and "max-audit-backlog" in refused.output

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shadow.bench.router import RouterCase, random_round
 from shadow.policies import (
     POLICY_NAMES,
     ActiveRequest,
@@ -182,6 +183,60 @@ def test_the_round_chooses_what_the_fully_scored_round_chooses(
     free, prompts = snapshot.free_slots, pool.prompt_tokens
     expected = _reference_round(picture(), free, prompts, config)
     assert two_stage_admission(picture(), free, prompts, config) == expected
+
+
+@PROPERTY
+@given(
+    snapshots(max_workers=6, max_batch=40),
+    st.one_of(pools(max_size=120, max_prompt=40), pools(max_size=120, max_prompt=8000)),
+    st.booleans(),
+    st.integers(0, 3),
+)
+def test_a_long_stage_one_chooses_what_the_fully_scored_round_chooses(
+    snapshot, pool, horizon, s_greedy
+):
+    """Stage 1 over a pool much wider than the scan's first reach (8 on each side of the
+    peak), many equal sizes among them: the pool scan's choices must still be argmax's."""
+    config = BalanceRouteConfig(s_greedy=s_greedy)
+    if horizon:
+        policy = BalanceRouteHorizon(trained(SurvivalPredictor()), config)
+        projection = policy.project(snapshot)
+        alpha, beta = config.coefficients(snapshot.workers)
+        discount = discounts(config.horizon, config.gamma)
+
+        def picture():
+            return _ProjectedLoads(snapshot.load, projection.copy(), discount, alpha, beta)
+    else:
+
+        def picture():
+            return _CurrentLoads(snapshot.load)
+
+    free, prompts = snapshot.free_slots, pool.prompt_tokens
+    expected = _reference_round(picture(), free, prompts, config)
+    assert two_stage_admission(picture(), free, prompts, config) == expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_g256_round_of_bench_router_chooses_what_the_fully_scored_round_chooses(seed):
+    """The benchmark's own case (G = 256, B = 128, pool 4,096, 256 free), BR-0 and BR-H."""
+    case = RouterCase(256, 128, 4096, 256)
+    snapshot, pool = random_round(np.random.default_rng(seed), case)
+    config = BalanceRouteConfig()
+    brh = BalanceRouteHorizon(trained(SurvivalPredictor(), seed, samples=2000), config)
+    projection = brh.project(snapshot)
+    alpha, beta = config.coefficients(snapshot.workers)
+    discount = discounts(config.horizon, config.gamma)
+    br0_config = BalanceRouteZero().config
+    for picture, round_config in (
+        (lambda: _CurrentLoads(snapshot.load), br0_config),
+        (lambda: _ProjectedLoads(snapshot.load, projection.copy(), discount, alpha, beta), config),
+    ):
+        expected = _reference_round(
+            picture(), snapshot.free_slots, pool.prompt_tokens, round_config
+        )
+        got = two_stage_admission(picture(), snapshot.free_slots, pool.prompt_tokens, round_config)
+        assert got == expected
+        assert len(got) == 256
 
 
 @pytest.mark.parametrize("name", ["br0", "brh-survival", "brh-oracle"])

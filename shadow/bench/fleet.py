@@ -74,6 +74,8 @@ SAMPLE_S = 30.0
 FULL_SHARE = 0.9
 AUDIT_TARGET_P99_MS = 1.0
 NDJSON = {"content-type": "application/x-ndjson"}
+#: the fleet name the recorded events carry (replay/events' default)
+FLEET = "default"
 
 
 @dataclass(frozen=True)
@@ -180,11 +182,15 @@ def _percentiles(values: list[float]) -> dict[str, float] | None:
 
 def audit_cost(recording: FleetRecording, shape: FleetShape) -> dict[str, Any]:
     """Milliseconds per audited dispatch once the fleet is full: the whole audit (snapshot,
-    projection, every policy, scores) and each policy's own decision."""
+    projection, every policy, scores) and each policy's own decision: its round's CPU
+    time (`policy_round_ms`, per incumbent round) and that time per dispatch of the round
+    (`policy_ms`)."""
     follower = AuditFollower()
     full = FULL_SHARE * shape.workers * shape.batch
     total: list[float] = []
-    per_policy: dict[str, list[float]] = {}
+    #: per policy, each round's CPU time and how many dispatches it made (the incumbent's
+    #: round: the dispatches at one timestamp, ~30 at G = 256; its time is on its first)
+    rounds: dict[str, list[list[float]]] = {}
     audited = 0
     for item in _items(recording.log):
         if item.__class__ is not DispatchItem or item.audit is None:  # type: ignore[attr-defined]
@@ -199,13 +205,21 @@ def audit_cost(recording: FleetRecording, shape: FleetShape) -> dict[str, Any]:
             continue
         total.append(elapsed)
         for decision in outcomes[0].decisions:
-            per_policy.setdefault(decision.policy, []).append(decision.latency_ms)
+            timed = rounds.setdefault(decision.policy, [])
+            if decision.latency_ms is not None:  # a round's first dispatch
+                timed.append([decision.latency_ms, 1])
+            elif timed:
+                timed[-1][1] += 1
     auditor = next(iter(follower.fleets.values()))[1] if follower.fleets else None
     kept = auditor.projection if auditor is not None else None
     return {
         "audited": audited,
         "audit_ms": _percentiles(total),
-        "policy_ms": {name: _percentiles(values) for name, values in per_policy.items()},
+        "policy_round_ms": {name: _percentiles([ms for ms, _ in timed])
+                            for name, timed in rounds.items()},
+        # a round's time shared by its dispatches, one value per dispatch
+        "policy_ms": {name: _percentiles([ms / n for ms, n in timed for _ in range(int(n))])
+                      for name, timed in rounds.items()},
         "projection": None if kept is None else
         {"full_rebuilds": kept.full_rebuilds, "rows_rebuilt": kept.rows_rebuilt},
         "target_p99_ms": AUDIT_TARGET_P99_MS,
@@ -228,6 +242,16 @@ class Sample:
     behind_s: float
     cpu_s: dict[str, float]
     rss_mib: dict[str, float]
+    #: the continuous counterfactuals' windows stored so far, and the fleet time the
+    #: latest of them ends at (None: none yet, or counterfactuals off). A window is
+    #: evaluated once every request in it has finished (~one request's life after its end)
+    windows: int = 0
+    window_end_s: float | None = None
+
+    @property
+    def counterfactual_lag_s(self) -> float | None:
+        """Seconds of fleet time between now and the end of the latest evaluated window."""
+        return None if self.window_end_s is None else max(0.0, self.fleet_s - self.window_end_s)
 
 
 def _processes(pid: int) -> dict[str, int]:
@@ -269,20 +293,27 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
         "rss_mib_end": total[-1][1] if total else None,
         "rss_mib_max": max(mib for _, mib in total) if total else None,
         "growth_mib_per_min_after_1_min": growth_mib_per_min(settled),
-        "samples": [asdict(s) for s in samples],
+        "samples": [asdict(s) | {"counterfactual_lag_s": s.counterfactual_lag_s} for s in samples],
     }
 
 
 # -- pass 2: from a file --------------------------------------------------------------
 
 
-def _service_config(db: Path, audit_sampling: bool, counterfactuals: bool = False) -> Path:
+def _service_config(
+    db: Path, audit_sampling: bool, counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
+) -> Path:  # fmt: skip
     """The service's TOML for a pass: windows (the continuous counterfactuals) only when
-    asked; the audit's sampling as asked."""
+    asked; the audit's sampling as asked; the audit's backlog bound (sampling starts at
+    half of it) the service's default unless given."""
     config = db.with_suffix(".toml")
     sampling = "true" if audit_sampling else "false"
     windows = "true" if counterfactuals else "false"
-    config.write_text(f"[ingest]\nwindows_enabled = {windows}\naudit_sampling = {sampling}\n")
+    text = f"[ingest]\nwindows_enabled = {windows}\naudit_sampling = {sampling}\n"
+    if max_audit_backlog is not None:
+        text += f"[limits]\nmax_audit_backlog = {max_audit_backlog}\n"
+    config.write_text(text)
     return config
 
 
@@ -292,9 +323,11 @@ def ingest_file(
     note: Callable[[str], None],
     audit_sampling: bool = False,
     counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
 ) -> dict:
     """The pipeline of `shadow ingest`, as fast as it goes, with the audit worker."""
-    runtime = Runtime(load_settings(_service_config(db, audit_sampling, counterfactuals), db=db))
+    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog)
+    runtime = Runtime(load_settings(config, db=db))
     pipeline = runtime.pipeline
     samples: list[Sample] = []
     events = 0
@@ -310,27 +343,41 @@ def ingest_file(
             if fleet_s >= next_sample:
                 next_sample += SAMPLE_S
                 cpu, rss = _footprint(pid)
+                windows, window_end = _stored_windows(runtime)
                 sample = Sample(fleet_s, time.perf_counter() - started, events,
                                 pipeline.audit_lag_s, 0.0,
-                                {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}, rss)  # fmt: skip
+                                {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}, rss,
+                                windows, window_end)  # fmt: skip
                 samples.append(sample)
                 note(_line("file", sample))
         pipeline.drain()
         seconds = time.perf_counter() - started
         cpu, rss = _footprint(pid)
         used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
-        samples.append(Sample(recording.fleet_seconds, seconds, events, 0.0, 0.0, used, rss))
+        windows, window_end = _stored_windows(runtime)
+        samples.append(Sample(recording.fleet_seconds, seconds, events, 0.0, 0.0, used, rss,
+                              windows, window_end))  # fmt: skip
         note(_line("file (drained)", samples[-1]))
+        skipped = sum(state.sampler.skipped for state in pipeline.fleets.values())
     finally:
         runtime.close()
-    return _summary(samples, events, seconds, recording.required_events_per_s)
+    summary = _summary(samples, events, seconds, recording.required_events_per_s)
+    return summary | {"audit_sampling": audit_sampling, "audit_skipped": skipped}
+
+
+def _stored_windows(runtime: Runtime) -> tuple[int, float | None]:
+    """How many windows the in-process service stored, and where the latest one ends."""
+    row = runtime.store.query("SELECT count(*) AS n, max(t_end) AS t_end FROM windows")[0]
+    return int(row["n"]), row["t_end"]
 
 
 def _line(path: str, s: Sample) -> str:
     rss = " + ".join(f"{role} {mib:,.0f}" for role, mib in s.rss_mib.items())
+    windows = "" if s.window_end_s is None else (
+        f", {s.windows} windows (the latest ends {s.counterfactual_lag_s:.0f} s ago)")  # fmt: skip
     return (f"{path} {s.fleet_s:5.0f} s of fleet time at {s.wall_s:6.1f} s wall: "
             f"{s.events:,} events, audit {s.audit_lag_s:.2f} s behind, source "
-            f"{s.behind_s:.2f} s behind; RSS MiB {rss}")  # fmt: skip
+            f"{s.behind_s:.2f} s behind{windows}; RSS MiB {rss}")  # fmt: skip
 
 
 # -- pass 3: over HTTP at the fleet's pace --------------------------------------------
@@ -357,6 +404,17 @@ def _slices(log: Path, slice_s: float) -> list[tuple[float, bytes, Counter[str]]
     if lines:
         out.append((end, b"".join(lines), kinds))
     return out
+
+
+def _served_windows(client: httpx.Client, fleet: str) -> tuple[int, float | None]:
+    """How many windows the service stored for `fleet`, and where the latest one ends."""
+    first = client.get(f"/v1/fleets/{fleet}/windows", params={"policies": "false", "limit": 1})
+    total = int(first.json()["total"])
+    if not total:
+        return 0, None
+    last = client.get(f"/v1/fleets/{fleet}/windows",
+                      params={"policies": "false", "limit": 1, "offset": total - 1})  # fmt: skip
+    return total, float(last.json()["items"][0]["t_end"])
 
 
 def _metric(text: str, name: str) -> float:
@@ -386,11 +444,12 @@ def ingest_http(
     senders: int = 4,
     audit_sampling: bool = False,
     counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
 ) -> dict:
     """`shadow serve` fed at the fleet's real-time rate: the stream cut into `slice_s` of
     fleet time, slice `i` sent by sender `i % senders` once it has happened (a fleet has
     many sources posting at once; slices stay within the reorder window of each other)."""
-    config = _service_config(db, audit_sampling, counterfactuals)
+    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog)
     slices = _slices(recording.log, slice_s)
     server = ServerProcess(db, config).start()
     acked = _Acked()
@@ -431,12 +490,13 @@ def ingest_http(
                     continue
                 metrics = client.get("/metrics").text
                 lag = _metric(metrics, "shadow_audit_lag_seconds")
+                windows, window_end = _served_windows(client, FLEET)
                 cpu, rss = _footprint(pid)
                 used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
                 with acked.lock:
                     events, behind = acked.events, max(acked.behind_s.values(), default=0.0)
                 sample = Sample(next_sample, time.monotonic() - started, events, lag, behind,
-                                used, rss)  # fmt: skip
+                                used, rss, windows, window_end)  # fmt: skip
                 samples.append(sample)
                 note(_line("http", sample))
                 next_sample += SAMPLE_S
@@ -444,11 +504,12 @@ def ingest_http(
             metrics = client.get("/metrics").text
             end_lag = _metric(metrics, "shadow_audit_lag_seconds")
             skipped = _metric(metrics, "shadow_audit_skipped_total")
+            windows, window_end = _served_windows(client, FLEET)
             cpu, rss = _footprint(pid)
             used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
             behind = max(acked.behind_s.values(), default=0.0)
             samples.append(Sample(recording.fleet_seconds, sent_s, acked.events, end_lag,
-                                  behind, used, rss))  # fmt: skip
+                                  behind, used, rss, windows, window_end))  # fmt: skip
             note(_line("http (sent)", samples[-1]))
             client.post("/v1/flush").raise_for_status()
             seconds = time.monotonic() - started
@@ -458,6 +519,7 @@ def ingest_http(
     summary |= {
         "senders": senders,
         "audit_sampling": audit_sampling,
+        "max_audit_backlog": max_audit_backlog,
         "audit_skipped": skipped,
         "slice_s": slice_s,
         "behind_schedule_end_s": behind,
@@ -499,6 +561,7 @@ def run(
     http: bool = True,
     audit_sampling: bool = False,
     counterfactuals: bool = False,
+    max_audit_backlog: int | None = None,
     note: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Record the fleet, then the three passes, in `workdir` (kept) or a temporary one."""
@@ -521,7 +584,9 @@ def run(
         report["audit"] = audit_cost(recording, shape)
         note(f"audit cost: {report['audit']['audit_ms']}")
         file_db = root / "fleet-file.duckdb"
-        report["file"] = ingest_file(recording, file_db, note, audit_sampling, counterfactuals)
+        report["file"] = ingest_file(
+            recording, file_db, note, audit_sampling, counterfactuals, max_audit_backlog
+        )
         with duckdb.connect(str(file_db)) as con:
             con.execute("CHECKPOINT")
         size = file_db.stat().st_size
@@ -534,5 +599,6 @@ def run(
                 note,
                 audit_sampling=audit_sampling,
                 counterfactuals=counterfactuals,
+                max_audit_backlog=max_audit_backlog,
             )
         return report

@@ -14,6 +14,7 @@ import numpy as np
 
 from shadow.policies.base import Policy
 from shadow.policies.fscore import PiecewiseObjective, discounts
+from shadow.policies.poolscan import SortedPool
 from shadow.policies.registry import PolicyFactory, register_policy
 from shadow.policies.snapshot import ActiveSet, Admission, FleetSnapshot, ReadyPool
 from shadow.policies.subset import best_subset
@@ -159,16 +160,19 @@ def two_stage_admission(
     slots = int(free.sum())
     worker_index = np.arange(free.shape[0])
 
-    # Stage 1: while many slots are free, the emptiest worker takes its best single request.
+    # Stage 1: while many slots are free, the emptiest worker takes its best single request
+    # (the most free slots, then the lowest load, then the lowest index: what
+    # `np.lexsort((worker_index, picture.current, -free))[0]` picks, without a sort).
+    sorted_pool = SortedPool(prompts)
     while slots > config.s_greedy and len(decided) < pool_size:
-        g = int(np.lexsort((worker_index, picture.current, -free))[0])
+        most_free = (free == free.max()).nonzero()[0]
+        g = int(most_free[picture.current[most_free].argmin()])
         if len(decided) == pool_size - 1:  # one request left: it is the best, unscored
             i = int(np.flatnonzero(~taken)[0])
         else:
-            scores = picture.objective(g).values(prompts)
-            scores[taken] = -np.inf
-            i = int(np.argmax(scores))
+            i = sorted_pool.best(picture.objective(g))
         taken[i] = True
+        sorted_pool.take(i)
         picture.add(g, int(prompts[i]))
         free[g] -= 1
         slots -= 1

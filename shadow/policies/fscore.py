@@ -65,16 +65,18 @@ class PiecewiseObjective:
     first kink after which the slope is no longer positive.
     """
 
-    __slots__ = ("_beta", "_gain", "_kinks", "_prefix_d", "_prefix_dm")
+    __slots__ = ("_beta", "_gain", "_kinks", "_prefix_d", "_prefix_dm", "_weights")
 
     def __init__(self, margins: np.ndarray, discount: np.ndarray, alpha: float, beta: float):
         margins = np.asarray(margins, dtype=np.float64)
-        order = np.argsort(margins, kind="stable")
+        # (array methods, not np.* wrappers: Stage 1 builds one of these per choice)
+        order = margins.argsort(kind="stable")
         kinks = margins[order]
         weights = discount[order]
         self._kinks = kinks
-        self._prefix_d = np.concatenate(([0.0], np.cumsum(weights)))
-        self._prefix_dm = np.concatenate(([0.0], np.cumsum(weights * kinks)))
+        self._weights = weights
+        self._prefix_d = np.concatenate(([0.0], weights.cumsum()))
+        self._prefix_dm = np.concatenate(([0.0], (weights * kinks).cumsum()))
         self._gain = alpha * float(self._prefix_d[-1])
         self._beta = float(beta)
 
@@ -91,13 +93,31 @@ class PiecewiseObjective:
 
     def values(self, added: np.ndarray) -> np.ndarray:
         added = np.asarray(added, dtype=np.float64)
-        k = np.searchsorted(self._kinks, added, side="left")
+        k = self._kinks.searchsorted(added, side="left")
         return self._gain * added - self._beta * (added * self._prefix_d[k] - self._prefix_dm[k])
+
+    def rounding_bound(self, largest: float) -> float:
+        """How far `values(D)`, for any `|D| <= largest`, can be from `F(D)` computed in
+        exact arithmetic from the same margins, discounts and coefficients (`inf` where
+        `F` is not concave, i.e. a negative discount or `beta`).
+
+        `values` rounds a cumulative sum of at most `n` weights (and of weight x margin
+        products) and five operations after it: standard bounds give at most
+        `~(n + 5) * 2**-53` of the terms' magnitudes; four times that leaves room for the
+        second-order terms. Stage 1's pool scan needs it to stop early and stay exact.
+        """
+        n = self._kinks.shape[0]
+        if self._beta < 0.0 or (n and float(self._weights.min()) < 0.0):
+            return math.inf
+        weight = float(self._prefix_d[-1])  # the rounded sum: the factor 4 covers its error
+        spread = max(abs(float(self._kinks[0])), abs(float(self._kinks[-1]))) if n else 0.0
+        magnitude = abs(self._gain) * largest + self._beta * weight * (largest + spread)
+        return 4.0 * (n + 8) * 2.0**-53 * magnitude
 
     def peak(self) -> float:
         """The unconstrained maximiser `D*` (`inf` when `F` never stops rising)."""
         # The slope after kink k is gain - beta * prefix_d[k + 1]; prefix_d only grows.
         if self._beta <= 0.0:
             return math.inf
-        k = int(np.searchsorted(self._prefix_d[1:], self._gain / self._beta, side="left"))
+        k = int(self._prefix_d[1:].searchsorted(self._gain / self._beta, side="left"))
         return float(self._kinks[k]) if k < self._kinks.shape[0] else math.inf
