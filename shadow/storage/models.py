@@ -306,6 +306,10 @@ class WindowMetricRow(Base):
     tpot_p95_ms: Mapped[float | None] = mapped_column(Double)
     pool_wait_p95_ms: Mapped[float | None] = mapped_column(Double)
     steps: Mapped[int | None] = mapped_column(BigInteger)
+    #: the seconds the throughput is over (a continuous run's busy time in the window)
+    busy_s: Mapped[float | None] = mapped_column(Double)
+    #: per-request TPOTs (ms, float32 little-endian) the gate pools for the TPOT P95
+    tpot_ms: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class WindowTrajectoryRow(Base):
