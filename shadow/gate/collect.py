@@ -82,6 +82,7 @@ def collect_evidence(
                 window["fidelity_imbalance"],
                 window["fidelity_step"],
                 window.get("run_start"),
+                window.get("run_start_held"),
                 decode_tpot(found[baseline].get("tpot_ms")),
                 decode_tpot(found[candidate].get("tpot_ms")),
                 decode_tpot(found[AA].get("tpot_ms")) if AA in found else None,

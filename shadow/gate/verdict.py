@@ -631,12 +631,16 @@ def _estimate(a: _Arrays, key: str, arm: str, t: Thresholds, block: int) -> Boot
 
 def after_warmup(evidence: Evidence, warmup: int) -> Evidence:
     """The evidence without the first `warmup` windows after each start of the
-    continuous runs (their fleet still holds what the incumbent placed); windows replayed
-    on their own (no `run_start`) are all kept."""
+    continuous runs from a fleet that held requests (it still holds what the incumbent
+    placed); windows replayed on their own (no `run_start`), and those of runs started
+    from an empty fleet (nothing placed, so nothing to wash out: a full replay measures
+    that ramp-up too), are all kept."""
     kept = tuple(
         w
         for w in evidence.windows
-        if getattr(w, "run_start", None) is None or w.window_index - w.run_start >= warmup
+        if getattr(w, "run_start", None) is None
+        or getattr(w, "run_start_held", None) == 0
+        or w.window_index - w.run_start >= warmup
     )
     if len(kept) == len(evidence.windows):
         return evidence

@@ -421,7 +421,8 @@ class ServiceStore:
             conn.execute(
                 text(
                     "INSERT OR REPLACE INTO windows VALUES (:fleet, :index, :t_start, :t_end, "
-                    ":requests, :imputed, :a, :b, :fitted, :fid_imb, :fid_step, :run_start)"
+                    ":requests, :imputed, :a, :b, :fitted, :fid_imb, :fid_step, :run_start, "
+                    ":run_start_held)"
                 ),
                 {
                     "fleet": result.fleet,
@@ -436,6 +437,7 @@ class ServiceStore:
                     "fid_imb": _finite(result.fidelity_imbalance),
                     "fid_step": _finite(result.fidelity_step),
                     "run_start": result.run_start,
+                    "run_start_held": result.run_start_held,
                 },
             )
             rows = [

@@ -291,6 +291,8 @@ class WindowRow(Base):
     fidelity_step: Mapped[float | None] = mapped_column(Double)
     #: the window its continuous runs started from (None: replayed on its own)
     run_start: Mapped[int | None] = mapped_column(BigInteger)
+    #: the requests decoding in that start state (0: the runs started from an empty fleet)
+    run_start_held: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class WindowMetricRow(Base):

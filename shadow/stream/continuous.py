@@ -117,6 +117,8 @@ class ContinuousCounterfactuals:
         self.last_index: int | None = None
         self.workers = 0
         self.run_start: int | None = None
+        #: the requests decoding in the start state (0: started from an empty fleet)
+        self.run_start_held = 0
         #: how many times the runs had to start again
         self.starts = 0
 
@@ -203,6 +205,7 @@ class ContinuousCounterfactuals:
             trajectories,
             errors,
             run_start=self.run_start,
+            run_start_held=self.run_start_held,
             tpot_ms=tpot,
         )
 
@@ -211,6 +214,7 @@ class ContinuousCounterfactuals:
         self.origin = spec.t_start
         self.workers = spec.workers
         self.run_start = spec.index
+        self.run_start_held = len(spec.initial)
         self.starts += 1
         self.runs = []
         identity = np.arange(spec.workers)

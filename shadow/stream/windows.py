@@ -171,6 +171,8 @@ class WindowResult:
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
     #: continuous runs: the window they started from; None: replayed on its own
     run_start: int | None = None
+    #: continuous runs: the requests their start state held (0: an empty fleet)
+    run_start_held: int | None = None
     #: policy -> per-request TPOTs (ms) the gate pools for the TPOT P95 over requests:
     #: a continuous run's requests that finished in the window, whole life; a reset
     #: window's requests that decoded in it, inside it
