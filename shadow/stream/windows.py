@@ -119,6 +119,12 @@ class _Window:
     def request_ids(self) -> list[str]:
         return [rid for rid, _, _ in self.initial] + self.pool + self.arrivals
 
+    def blank(self) -> bool:
+        """No request, no step and no dispatch in it yet."""
+        return not (self.initial or self.pool or self.arrivals or self.steps) and not (
+            self.on_boundary or self.mid_step
+        )
+
 
 @dataclass(frozen=True)
 class WindowSpec:
@@ -320,6 +326,13 @@ class WindowTracker:
         if self._next_boundary is None:
             self._open(ts)
             return
+        window = self.current
+        if window is not None and window.t_end is None and window.blank():
+            # Nothing has happened in it yet but fleet changes (the workers of a recorded
+            # log come up after its first event opened the window): its start state is
+            # the fleet as it is now, or the window would start with no workers and be
+            # discarded, and with it the start of the evidence.
+            self._reopen(window)
         if self._pending_cut is not None:
             same_step = ts == self._pending_cut and kind in STEP_END_KINDS
             if not same_step:
@@ -369,6 +382,13 @@ class WindowTracker:
         self.current = window
         self._count += 1
         self._next_boundary = t_start + self.config.length_s
+
+    def _reopen(self, window: _Window) -> None:
+        """Take the start state of a window that holds nothing yet again, from now."""
+        del self.windows[window.index]
+        self.current = None
+        self._count = window.index
+        self._open(window.t_start)
 
     def _track(self, request_id: str, prompt: int, key: int) -> _Request:
         info = self.requests.get(request_id)
