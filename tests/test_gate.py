@@ -480,3 +480,19 @@ def test_the_evidence_says_when_its_decisions_are_a_sample():
     assert sampled.audited_share == 0.25
     assert sample_note(sampled.audited_share, sampled.dispatches) == ", a 25% sample of 4,000"
     assert make_evidence(dispatches=None).audited_share is None
+
+
+@pytest.mark.parametrize(("held", "kept"), [(0, 12), (5, 8), (None, 8)])
+def test_the_warm_up_is_dropped_only_after_a_start_that_held_requests(held, kept):
+    """A continuous run started from a fleet holding requests carries what the incumbent
+    placed for a while (its first `warmup_windows` are dropped); one started empty holds
+    nothing of it, and a full replay measures its ramp-up: all of its windows count.
+    Unknown (rows stored before the count was) is treated as held."""
+    from shadow.gate.verdict import after_warmup
+
+    windows = tuple(
+        dataclasses.replace(w, run_start=0, run_start_held=held) for w in make_windows(12)
+    )
+    left = after_warmup(make_evidence(windows), 4).windows
+    assert len(left) == kept
+    assert [w.window_index for w in left] == list(range(12 - kept, 12))

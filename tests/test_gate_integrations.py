@@ -1,5 +1,5 @@
 """The integrations in deploy/, each exercised against a real `shadow serve` on recorded
-evidence, on a PASS (brh-survival) and a FAIL (random) candidate: Argo Rollouts'
+evidence, on a PASS (br0) and a FAIL (random) candidate: Argo Rollouts'
 AnalysisTemplate (validated against the CRD's schema, called as the `web` provider calls
 it, its conditions evaluated on the answer), Flagger's webhook, and the GitHub Actions and
 GitLab CI scripts run line for line."""
@@ -28,7 +28,7 @@ from tests.test_gate_service import INGEST, OPERATOR, READ, serve_copy
 DEPLOY = REPO / "deploy"
 #: `../shared` beside the checkout, as on CI
 CRD = REPO.parent / "shared" / "reference" / "argo-rollouts" / "analysis-template-crd.yaml"
-CASES = [("brh-survival", "PASS"), ("random", "FAIL")]
+CASES = [("br0", "PASS"), ("random", "FAIL")]
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +139,11 @@ def test_flagger_webhook_needs_no_header_when_reads_are_open(gate_evidence, tmp_
     try:
         (hook,) = load(DEPLOY / "flagger" / "canary.yaml")["spec"]["analysis"]["webhooks"]
         path = hook["url"].split("8321", 1)[1]
+        # the canary's own hook, on the candidate that PASSes here (brh-survival, the
+        # manifest's, is MARGINAL on this evidence: the webhook would answer 412)
+        metadata = {**hook["metadata"], "candidate": CASES[0][0]}
         payload = {"name": "decode-router", "namespace": "default", "phase": "Promoting",
-                   "metadata": hook["metadata"]}  # fmt: skip
+                   "metadata": metadata}  # fmt: skip
         response = httpx.post(f"{server.url}{path}", json=payload, timeout=600)
         assert response.status_code == 200, response.text
         # still a write elsewhere: recording a run needs operator

@@ -27,8 +27,9 @@ OPERATOR = "operator-token-0123456789abcdef"
 READ = "read-token-0123456789abcdef"
 INGEST = "ingest-token-0123456789abcdef"
 JUNIT_XSD = Path(__file__).parent / "data" / "junit.xsd"
-#: brh-survival PASSes on the recorded evidence, random FAILs
-CASES = [("brh-survival", "PASS", 0), ("random", "FAIL", 1)]
+#: br0 PASSes on the recorded evidence, random FAILs (brh-survival is MARGINAL: its
+#: imbalance gain reaches the A/A floor there; tests/test_gate_e2e.py)
+CASES = [("br0", "PASS", 0), ("random", "FAIL", 1)]
 
 
 def write_tokens(path: Path) -> Path:

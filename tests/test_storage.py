@@ -112,7 +112,7 @@ def test_db_head_equals_script_head(tmp_path: Path) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     script_head = ScriptDirectory.from_config(cfg).get_current_head()
-    assert script_head == head_revision() == "0011"
+    assert script_head == head_revision() == "0013"
     with open_database(tmp_path / "s.duckdb") as db, db.engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == script_head
 

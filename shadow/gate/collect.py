@@ -19,12 +19,13 @@ from shadow.gate.source import EvidenceSource
 from shadow.policies import NO_KEY, BalanceRouteConfig, make_policy, prompt_key_id
 from shadow.predict import OraclePredictor, Predictor, prequential_calibrate
 from shadow.storage.queries import source, time_range
+from shadow.stream.window_metrics import decode_tpot
 from shadow.stream.windows import AA
 
 #: the candidate's own errors: a choice of a full worker, a round that raised or timed out
 CANDIDATE_ERRORS = ("invalid_shadow_decision", "shadow_decision_error")
 WINDOW_FIELDS = ("imbalance_mean", "throughput_tok_s", "tpot_p95_ms", "gap_mean",
-                 "step_ms_mean", "steps")  # fmt: skip
+                 "step_ms_mean", "steps", "busy_s")  # fmt: skip
 
 
 def _range(column: str, since: float | None, until: float | None) -> tuple[str, dict]:
@@ -81,6 +82,10 @@ def collect_evidence(
                 window["fidelity_imbalance"],
                 window["fidelity_step"],
                 window.get("run_start"),
+                window.get("run_start_held"),
+                decode_tpot(found[baseline].get("tpot_ms")),
+                decode_tpot(found[candidate].get("tpot_ms")),
+                decode_tpot(found[AA].get("tpot_ms")) if AA in found else None,
             )
         )
 

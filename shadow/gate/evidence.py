@@ -15,6 +15,7 @@ WINDOW_METRIC_KEYS = (
     "gap_mean",
     "step_ms_mean",
     "steps",
+    "busy_s",
 )
 
 
@@ -36,6 +37,13 @@ class WindowPair:
     fidelity_step: float | None = None
     #: continuous runs: the window they started from (None: replayed on its own start)
     run_start: int | None = None
+    #: the requests the runs' start state held (0: an empty fleet, so no warm-up)
+    run_start_held: int | None = None
+    #: per-request TPOTs (ms) of each arm in this window, which the gate pools for the
+    #: TPOT P95 over requests (None: not stored; the gate then takes the window P95s)
+    incumbent_tpot: tuple[float, ...] | None = None
+    candidate_tpot: tuple[float, ...] | None = None
+    aa_tpot: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -175,14 +175,25 @@ def explain(report: GateReport, metric: str) -> str:
     for key in keys:
         b = report.bootstrap[key]
         lines.append("")
+        statistic = next(
+            (text for name, text in _STATISTICS.items() if name in key), "ratio of means"
+        )
         lines.append(
-            f"bootstrap {key}: ratio of means {fmt(b.point)} "
+            f"bootstrap {key}: {statistic} {fmt(b.point)} "
             f"[{fmt(b.ci_low)}, {fmt(b.ci_high)}] over {b.n} windows ({b.dropped} dropped), "
             f"{t.bootstrap_resamples} resamples, {t.confidence:.0%} percentile interval, "
             f"seed {t.seed}"
         )
         lines.append(histogram_text(b.samples))
     return "\n".join(lines)
+
+
+#: what each bootstrap's ratio is a ratio of (GATE.md: the quantity the full replay measures)
+_STATISTICS = {
+    "throughput": "ratio of tokens over busy time",
+    "tpot": "ratio of the P95 over the windows' requests pooled",
+    "imbalance": "ratio of the mean over steps",
+}
 
 
 def fmt(x: float | None) -> str:

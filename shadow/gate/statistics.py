@@ -1,13 +1,20 @@
-"""Paired window bootstrap of a ratio of means, and a text histogram to show it.
+"""Paired window bootstraps of the gate's ratios, and a text histogram to show them.
 
 The unit is the window, not the request: queueing metrics are autocorrelated within a
 window, so resampling requests would make the interval far too narrow. A fixed seed makes
 the same evidence give the same interval, hence the same verdict.
+
+Each arm's statistic is the quantity the truth (a full replay's `summarize`) measures,
+computed over the windows drawn: a weighted mean (throughput: tokens over the run's busy
+time, each window weighted by its busy seconds; imbalance: the mean over steps, each
+window weighted by its steps), or a percentile of the per-request values pooled across
+the windows drawn (TPOT P95: the P95 over requests, not a mean of window P95s).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +25,7 @@ _CHUNK_CELLS = 4_000_000
 
 @dataclass(frozen=True, eq=False)
 class BootstrapResult:
-    """Point ratio of means, its percentile interval, and the resampled ratios.
+    """Point ratio, its percentile interval, and the resampled ratios.
 
     `n` is the number of windows used; `dropped` those left out for a non-finite value.
     Everything is NaN (and `samples` empty) when no window is usable.
@@ -32,6 +39,42 @@ class BootstrapResult:
     dropped: int = 0
 
 
+def _check(resamples: int, confidence: float, block: int) -> None:
+    if resamples < 1:
+        raise ValueError("resamples must be >= 1")
+    if block < 1:
+        raise ValueError("block must be >= 1")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError("confidence must be in (0, 1)")
+
+
+def _draws(resamples: int, n: int, block: int, seed: int, per_row: int):
+    """Chunks of window indices, (rows, n) each: `n` windows drawn with replacement, as
+    runs of `block` consecutive windows (start uniform over the n - block + 1 runs) when
+    `block` > 1, so that the correlation between neighbouring windows of a continuous run
+    stays inside each draw. `per_row` bounds the cells of a chunk's own work."""
+    rng = np.random.default_rng(seed)
+    rows = max(1, _CHUNK_CELLS // max(1, per_row))
+    block = min(block, n)
+    blocks = -(-n // block)  # draws of one block per resample, trimmed to n windows
+    for start in range(0, resamples, rows):
+        stop = min(resamples, start + rows)
+        if block == 1:
+            yield start, stop, rng.integers(0, n, size=(stop - start, n))
+        else:
+            starts = rng.integers(0, n - block + 1, size=(stop - start, blocks))
+            runs = starts[:, :, None] + np.arange(block)[None, None, :]
+            yield start, stop, runs.reshape(stop - start, blocks * block)[:, :n]
+
+
+def _interval(samples: np.ndarray, confidence: float) -> tuple[float, float]:
+    if np.isnan(samples).any():
+        return math.nan, math.nan
+    alpha = 1.0 - confidence
+    low, high = np.percentile(samples, [50 * alpha, 100 - 50 * alpha])
+    return float(low), float(high)
+
+
 def paired_ratio_bootstrap(
     incumbent: np.ndarray,
     candidate: np.ndarray,
@@ -40,55 +83,137 @@ def paired_ratio_bootstrap(
     confidence: float = 0.95,
     seed: int = 0,
     block: int = 1,
+    incumbent_weight: np.ndarray | None = None,
+    candidate_weight: np.ndarray | None = None,
 ) -> BootstrapResult:
-    """Bootstrap sum(candidate) / sum(incumbent) over windows drawn with replacement.
+    """Bootstrap the ratio of the arms' weighted means over windows drawn with replacement.
 
-    Windows are resampled as pairs (the same index for both arms). A window whose
-    incumbent or candidate value is not finite is dropped first: a ratio of sums with a
-    NaN in it says nothing. With `block` > 1 it is a moving-block bootstrap: runs of
-    `block` consecutive windows are drawn (start uniform over the n - block + 1 runs)
-    until n windows are drawn, so that the correlation between neighbouring windows of
-    a continuous run stays inside each draw. Deterministic for the same inputs,
+    Each arm's statistic is sum(value x weight) / sum(weight) over the windows drawn; with
+    no weights it is the ratio of sums, sum(candidate) / sum(incumbent). Windows are
+    resampled as pairs (the same index for both arms). A window with weight 0 adds
+    nothing (its value may be NaN: a run with nothing to do has no throughput); one
+    whose value or weight is otherwise not finite is dropped first. With `block` > 1 it
+    is a moving-block bootstrap (`_draws`). Deterministic for the same inputs,
     `resamples`, `seed` and `block`.
     """
     inc = np.asarray(incumbent, dtype=np.float64).ravel()
     cand = np.asarray(candidate, dtype=np.float64).ravel()
     if inc.shape != cand.shape:
         raise ValueError(f"paired arrays differ in length: {inc.shape[0]} vs {cand.shape[0]}")
-    if resamples < 1:
-        raise ValueError("resamples must be >= 1")
-    if block < 1:
-        raise ValueError("block must be >= 1")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError("confidence must be in (0, 1)")
-    keep = np.isfinite(inc) & np.isfinite(cand)
-    inc, cand = inc[keep], cand[keep]
-    n, dropped = int(inc.shape[0]), int((~keep).sum())
+    _check(resamples, confidence, block)
+    weighted = incumbent_weight is not None or candidate_weight is not None
+    w_inc = _weights(incumbent_weight, inc.shape, "incumbent_weight")
+    w_cand = _weights(candidate_weight, cand.shape, "candidate_weight")
+    with np.errstate(invalid="ignore"):
+        x_inc = np.where(w_inc == 0, 0.0, inc * w_inc)
+        x_cand = np.where(w_cand == 0, 0.0, cand * w_cand)
+    keep = np.isfinite(x_inc) & np.isfinite(x_cand) & np.isfinite(w_inc) & np.isfinite(w_cand)
+    x_inc, x_cand, w_inc, w_cand = x_inc[keep], x_cand[keep], w_inc[keep], w_cand[keep]
+    n, dropped = int(x_inc.shape[0]), int((~keep).sum())
     if n == 0:
         nan = math.nan
         return BootstrapResult(nan, nan, nan, np.empty(0), 0, dropped)
-    rng = np.random.default_rng(seed)
     samples = np.empty(resamples, dtype=np.float64)
-    rows = max(1, _CHUNK_CELLS // n)
-    block = min(block, n)
-    blocks = -(-n // block)  # draws of one block per resample, trimmed to n windows
     with np.errstate(divide="ignore", invalid="ignore"):
-        for start in range(0, resamples, rows):
-            stop = min(resamples, start + rows)
-            if block == 1:
-                idx = rng.integers(0, n, size=(stop - start, n))
-            else:
-                starts = rng.integers(0, n - block + 1, size=(stop - start, blocks))
-                runs = starts[:, :, None] + np.arange(block)[None, None, :]
-                idx = runs.reshape(stop - start, blocks * block)[:, :n]
-            samples[start:stop] = np.take(cand, idx).sum(axis=1) / np.take(inc, idx).sum(axis=1)
-        point = float(cand.sum() / inc.sum()) if inc.sum() != 0 else _zero_ratio(cand.sum())
-    alpha = 1.0 - confidence
-    if np.isnan(samples).any():
-        low = high = math.nan
-    else:
-        low, high = (float(v) for v in np.percentile(samples, [50 * alpha, 100 - 50 * alpha]))
+        for start, stop, idx in _draws(resamples, n, block, seed, n):
+            ratio = np.take(x_cand, idx).sum(axis=1) / np.take(x_inc, idx).sum(axis=1)
+            if weighted:
+                ratio *= np.take(w_inc, idx).sum(axis=1) / np.take(w_cand, idx).sum(axis=1)
+            samples[start:stop] = ratio
+        if x_inc.sum() == 0:
+            point = _zero_ratio(x_cand.sum())
+        else:
+            point = float(x_cand.sum() / x_inc.sum())
+            if weighted:
+                point *= float(w_inc.sum() / w_cand.sum())
+    low, high = _interval(samples, confidence)
     return BootstrapResult(point, low, high, samples, n, dropped)
+
+
+def _weights(weight: np.ndarray | None, shape: tuple[int, ...], name: str) -> np.ndarray:
+    if weight is None:
+        return np.ones(shape)
+    w = np.asarray(weight, dtype=np.float64).ravel()
+    if w.shape != shape:
+        raise ValueError(f"{name} has {w.shape[0]} windows, the values {shape[0]}")
+    if (w < 0).any():
+        raise ValueError(f"{name} must be >= 0 in every window")
+    return w
+
+
+def paired_percentile_bootstrap(
+    incumbent: Sequence[np.ndarray | None],
+    candidate: Sequence[np.ndarray | None],
+    *,
+    q: float = 95.0,
+    resamples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    block: int = 1,
+) -> BootstrapResult:
+    """Bootstrap the ratio of pooled percentiles: per window, each arm's per-request
+    values (TPOTs); each arm's statistic is the `q`th percentile of the values of the
+    windows drawn, pooled (a window drawn twice counts twice), as `np.percentile` of
+    that multiset. A window with an arm not measured (None) is dropped; one with no
+    values adds none. Windows are drawn as `paired_ratio_bootstrap` draws them."""
+    if len(incumbent) != len(candidate):
+        raise ValueError(f"paired arrays differ in length: {len(incumbent)} vs {len(candidate)}")
+    _check(resamples, confidence, block)
+    if not 0.0 <= q <= 100.0:
+        raise ValueError("q must be in [0, 100]")
+    both = [
+        (np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel())
+        for a, b in zip(incumbent, candidate, strict=True)
+        if a is not None and b is not None
+    ]
+    inc, cand = [a for a, _ in both], [b for _, b in both]
+    n, dropped = len(both), len(incumbent) - len(both)
+    arms = [_Pooled(values) for values in (inc, cand)]
+    if n == 0 or not all(arm.values.size for arm in arms):
+        nan = math.nan
+        return BootstrapResult(nan, nan, nan, np.empty(0), n, dropped)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(np.percentile(arms[1].values, q) / np.percentile(arms[0].values, q))
+        samples = np.empty(resamples, dtype=np.float64)
+        size = max(arm.values.size for arm in arms)
+        for start, stop, idx in _draws(resamples, n, block, seed, size):
+            rows = stop - start
+            flat = (np.arange(rows)[:, None] * n + idx).ravel()
+            counts = np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.int32)
+            samples[start:stop] = arms[1].percentile(counts, q) / arms[0].percentile(counts, q)
+    low, high = _interval(samples, confidence)
+    return BootstrapResult(point, low, high, samples, n, dropped)
+
+
+class _Pooled:
+    """One arm's per-request values of every window, sorted once, each with its window."""
+
+    def __init__(self, per_window: list[np.ndarray]) -> None:
+        values = np.concatenate(per_window) if per_window else np.empty(0)
+        label = np.repeat(np.arange(len(per_window)), [v.size for v in per_window])
+        order = np.argsort(values, kind="stable")
+        self.values, self.label = values[order], label[order]
+        finite = np.isfinite(self.values)
+        self.values, self.label = self.values[finite], self.label[finite]
+
+    def percentile(self, counts: np.ndarray, q: float) -> np.ndarray:
+        """Per row of `counts` (how often each window was drawn), the linear-interpolated
+        percentile of the multiset those draws pool, as `np.percentile` computes it."""
+        cum = np.cumsum(counts[:, self.label], axis=1)  # (rows, values), nondecreasing
+        total = cum[:, -1]
+        h = (total - 1) * (q / 100.0)
+        below = np.floor(h)
+        frac = h - below
+        low = _value_at(self.values, cum, below)
+        high = _value_at(self.values, cum, np.minimum(below + 1, total - 1))
+        out = low + frac * (high - low)
+        return np.where(total > 0, out, np.nan)
+
+
+def _value_at(values: np.ndarray, cum: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """The value at 0-based `rank` of each row's multiset (`cum`: cumulative counts)."""
+    index = (cum <= rank[:, None]).sum(axis=1)
+    return values[np.minimum(index, values.shape[0] - 1)]
 
 
 def _zero_ratio(numerator: float) -> float:

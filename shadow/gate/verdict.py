@@ -58,7 +58,11 @@ from shadow.gate.report import (
     MetricRow,
     fmt,
 )
-from shadow.gate.statistics import BootstrapResult, paired_ratio_bootstrap
+from shadow.gate.statistics import (
+    BootstrapResult,
+    paired_percentile_bootstrap,
+    paired_ratio_bootstrap,
+)
 from shadow.gate.thresholds import GATE_METRICS, Thresholds
 
 # Which finding decides among several of the same verdict (the rest are named after it).
@@ -91,6 +95,11 @@ class _Arrays:
     aa: dict[str, np.ndarray]
     fid_imbalance: np.ndarray
     fid_step: np.ndarray
+    #: arm -> per window its per-request TPOTs (None where not stored)
+    tpot: dict[str, list[tuple[float, ...] | None]] = dataclasses.field(default_factory=dict)
+
+    def arm(self, name: str) -> dict[str, np.ndarray]:
+        return {"incumbent": self.inc, "candidate": self.cand, "aa": self.aa}[name]
 
 
 def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateReport:
@@ -147,13 +156,13 @@ def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateRepo
         ("noise_floor.tpot_p95", "tpot_p95_ms"),
         ("noise_floor.imbalance", "imbalance_mean"),
     ):
-        boot[floor] = _bootstrap(arrays.inc[key], arrays.aa[key], t, block)
+        boot[floor] = _estimate(arrays, key, "aa", t, block)
     for metric, key in (
         ("throughput_ratio", "throughput_tok_s"),
         ("tpot_p95_ratio", "tpot_p95_ms"),
         ("imbalance_ratio", "imbalance_mean"),
     ):
-        boot[metric] = _bootstrap(arrays.inc[key], arrays.cand[key], t, block)
+        boot[metric] = _estimate(arrays, key, "candidate", t, block)
         add(
             *_ratio_row(
                 metric, arrays.inc[key], arrays.cand[key], boot[metric], t,
@@ -538,7 +547,10 @@ def _read(ev: Evidence) -> _Arrays:
     cand = {k: np.full(n, np.nan) for k in WINDOW_METRIC_KEYS}
     aa = {k: np.full(n, np.nan) for k in WINDOW_METRIC_KEYS}
     fid_i, fid_s = np.full(n, np.nan), np.full(n, np.nan)
+    tpot: dict[str, list[tuple[float, ...] | None]] = {"incumbent": [], "candidate": [], "aa": []}
     for i, w in enumerate(ev.windows):
+        for arm, values in tpot.items():
+            values.append(getattr(w, f"{arm}_tpot", None))
         where = f"window {getattr(w, 'window_index', i)}"
         for arm, target in (("incumbent", inc), ("candidate", cand), ("aa", aa)):
             values = getattr(w, arm)
@@ -550,7 +562,7 @@ def _read(ev: Evidence) -> _Arrays:
                 target[key][i] = _num(values.get(key), f"{where} {arm} {key}")
         fid_i[i] = _num(w.fidelity_imbalance, f"{where} fidelity_imbalance")
         fid_s[i] = _num(w.fidelity_step, f"{where} fidelity_step")
-    return _Arrays(inc, cand, aa, fid_i, fid_s)
+    return _Arrays(inc, cand, aa, fid_i, fid_s, tpot)
 
 
 def _num(value: Any, where: str) -> float:
@@ -587,21 +599,48 @@ def _report(
     return GateReport(verdict, EXIT_CODES[verdict], sentence, rows, boot, ev, t)
 
 
-def _bootstrap(inc: np.ndarray, cand: np.ndarray, t: Thresholds, block: int = 1) -> BootstrapResult:
-    return paired_ratio_bootstrap(
-        inc, cand, resamples=t.bootstrap_resamples, confidence=t.confidence, seed=t.seed,
-        block=block,
-    )  # fmt: skip
+#: the window metric that weighs each window's value in the arm's mean (GATE.md): the
+#: run's busy seconds for throughput (tokens over busy time, as a replay's tokens over its
+#: makespan), its steps for imbalance (the mean over steps)
+_WEIGHTS = {"throughput_tok_s": "busy_s", "imbalance_mean": "steps"}
+
+
+def _estimate(a: _Arrays, key: str, arm: str, t: Thresholds, block: int) -> BootstrapResult:
+    """The `arm` / incumbent ratio of `key` as the truth measures it (GATE.md): TPOT P95
+    over the requests of the windows pooled, throughput and imbalance weighted means.
+    A window without what that needs (per-request TPOTs, busy seconds: stored before
+    they were) is left out; evidence with none of it falls back to the ratio of window
+    means."""
+    inc, other = a.inc[key], a.arm(arm)[key]
+    common = dict(resamples=t.bootstrap_resamples, confidence=t.confidence, seed=t.seed,
+                  block=block)  # fmt: skip
+    if key == "tpot_p95_ms":
+        pooled_inc, pooled_other = a.tpot.get("incumbent", []), a.tpot.get(arm, [])
+        pairs = zip(pooled_inc, pooled_other, strict=True)
+        if any(x is not None and y is not None for x, y in pairs):
+            return paired_percentile_bootstrap(pooled_inc, pooled_other, q=95.0, **common)
+    weight = _WEIGHTS.get(key)
+    if weight is not None:
+        w_inc, w_other = a.inc[weight], a.arm(arm)[weight]
+        if np.isfinite(w_inc).any() and np.isfinite(w_other).any():
+            return paired_ratio_bootstrap(
+                inc, other, incumbent_weight=w_inc, candidate_weight=w_other, **common
+            )
+    return paired_ratio_bootstrap(inc, other, **common)
 
 
 def after_warmup(evidence: Evidence, warmup: int) -> Evidence:
     """The evidence without the first `warmup` windows after each start of the
-    continuous runs (their fleet still holds what the incumbent placed); windows replayed
-    on their own (no `run_start`) are all kept."""
+    continuous runs from a fleet that held requests (it still holds what the incumbent
+    placed); windows replayed on their own (no `run_start`), and those of runs started
+    from an empty fleet (nothing placed, so nothing to wash out: a full replay measures
+    that ramp-up too), are all kept."""
     kept = tuple(
         w
         for w in evidence.windows
-        if getattr(w, "run_start", None) is None or w.window_index - w.run_start >= warmup
+        if getattr(w, "run_start", None) is None
+        or getattr(w, "run_start_held", None) == 0
+        or w.window_index - w.run_start >= warmup
     )
     if len(kept) == len(evidence.windows):
         return evidence

@@ -31,6 +31,7 @@ from shadow.storage.database import duck_connection
 from shadow.stream.audit import Decision
 from shadow.stream.invariants import Violation
 from shadow.stream.trajectory import FIELDS as TRAJECTORY_FIELDS
+from shadow.stream.window_metrics import encode_tpot
 from shadow.stream.windows import WINDOW_METRICS, WindowResult
 
 LIFECYCLE_COLUMNS = (
@@ -420,7 +421,8 @@ class ServiceStore:
             conn.execute(
                 text(
                     "INSERT OR REPLACE INTO windows VALUES (:fleet, :index, :t_start, :t_end, "
-                    ":requests, :imputed, :a, :b, :fitted, :fid_imb, :fid_step, :run_start)"
+                    ":requests, :imputed, :a, :b, :fitted, :fid_imb, :fid_step, :run_start, "
+                    ":run_start_held)"
                 ),
                 {
                     "fleet": result.fleet,
@@ -435,6 +437,7 @@ class ServiceStore:
                     "fid_imb": _finite(result.fidelity_imbalance),
                     "fid_step": _finite(result.fidelity_step),
                     "run_start": result.run_start,
+                    "run_start_held": result.run_start_held,
                 },
             )
             rows = [
@@ -443,12 +446,12 @@ class ServiceStore:
                     result.index,
                     policy,
                     *(_finite(metrics.get(m)) for m in WINDOW_METRICS),
+                    encode_tpot(result.tpot_ms.get(policy)),
                 )
                 for policy, metrics in result.metrics.items()
             ]
-            _append(
-                conn, "window_metrics", ("fleet", "window_index", "policy", *WINDOW_METRICS), rows
-            )
+            columns = ("fleet", "window_index", "policy", *WINDOW_METRICS, "tpot_ms")
+            _append(conn, "window_metrics", columns, rows)
             paths = [
                 (result.fleet, result.index, policy, *path.encode().values())
                 for policy, path in result.trajectories.items()

@@ -291,6 +291,8 @@ class WindowRow(Base):
     fidelity_step: Mapped[float | None] = mapped_column(Double)
     #: the window its continuous runs started from (None: replayed on its own)
     run_start: Mapped[int | None] = mapped_column(BigInteger)
+    #: the requests decoding in that start state (0: the runs started from an empty fleet)
+    run_start_held: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class WindowMetricRow(Base):
@@ -306,6 +308,10 @@ class WindowMetricRow(Base):
     tpot_p95_ms: Mapped[float | None] = mapped_column(Double)
     pool_wait_p95_ms: Mapped[float | None] = mapped_column(Double)
     steps: Mapped[int | None] = mapped_column(BigInteger)
+    #: the seconds the throughput is over (a continuous run's busy time in the window)
+    busy_s: Mapped[float | None] = mapped_column(Double)
+    #: per-request TPOTs (ms, float32 little-endian) the gate pools for the TPOT P95
+    tpot_ms: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class WindowTrajectoryRow(Base):

@@ -98,6 +98,13 @@ class _Run:
     steps: _Steps = field(default_factory=_Steps)
     errors_seen: int = 0
     last_ready_ms: float = 0.0
+    #: the run's busy clock (ms from the origin): the window end while it has work, else
+    #: the end of its last step; a window's busy time is how far it moved (`_busy_ms`)
+    clock_ms: float = 0.0
+    #: the end of the last step measured so far
+    last_end_ms: float = 0.0
+    #: per request (in the order added), the end of its first step (NaN: not yet run)
+    first_end_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 class ContinuousCounterfactuals:
@@ -110,6 +117,8 @@ class ContinuousCounterfactuals:
         self.last_index: int | None = None
         self.workers = 0
         self.run_start: int | None = None
+        #: the requests decoding in the start state (0: started from an empty fleet)
+        self.run_start_held = 0
         #: how many times the runs had to start again
         self.starts = 0
 
@@ -140,6 +149,7 @@ class ContinuousCounterfactuals:
         if spec.observed_trajectory is not None:
             trajectories[OBSERVED] = spec.observed_trajectory
         errors: dict[str, tuple[int, str]] = {}
+        tpot: dict[str, np.ndarray] = {}
         for run in self.runs:
             run.fleet.model = spec.step_model
             slots = np.empty_like(capacity)
@@ -159,15 +169,19 @@ class ContinuousCounterfactuals:
                 arrivals.output_tokens[first:],
                 arrivals.prompt_keys[first:],
             )
-            run.fleet.advance(w1)
+            # the evidence's last window: no arrival follows, every run drains (a full
+            # replay's makespan and its last requests are part of what it measures)
+            until = math.inf if spec.final else w1
+            run.fleet.advance(until)
             run.steps.extend(run.fleet.take_steps())
-            inside = run.steps.split(w1)
-            metrics[run.name] = self._measure(run, inside, w0, w1)
+            inside = run.steps.split(until)
+            metrics[run.name], tpot[run.name] = self._measure(run, inside, w0, w1)
             if run.name != AA:
                 assert inside.load is not None
+                shown = inside.start_ms < w1  # the trajectory spans the window itself
                 trajectories[run.name] = bucket(
-                    inside.start_ms - w0, inside.duration_ms, inside.load[:, run.order],
-                    w1 - w0,
+                    inside.start_ms[shown] - w0, inside.duration_ms[shown],
+                    inside.load[shown][:, run.order], w1 - w0,
                 )  # fmt: skip
             if run.guarded.errors > run.errors_seen:
                 errors[run.name] = (run.guarded.errors - run.errors_seen, run.guarded.error)
@@ -191,6 +205,8 @@ class ContinuousCounterfactuals:
             trajectories,
             errors,
             run_start=self.run_start,
+            run_start_held=self.run_start_held,
+            tpot_ms=tpot,
         )
 
     def _start(self, spec: WindowSpec) -> None:
@@ -198,6 +214,7 @@ class ContinuousCounterfactuals:
         self.origin = spec.t_start
         self.workers = spec.workers
         self.run_start = spec.index
+        self.run_start_held = len(spec.initial)
         self.starts += 1
         self.runs = []
         identity = np.arange(spec.workers)
@@ -232,10 +249,13 @@ class ContinuousCounterfactuals:
         return _Run(name, guarded, fleet, order)
 
     @staticmethod
-    def _measure(run: _Run, steps: _Steps, w0: float, w1: float) -> dict[str, float]:
+    def _measure(
+        run: _Run, steps: _Steps, w0: float, w1: float
+    ) -> tuple[dict[str, float], np.ndarray]:
         """The window metrics of a run's steps inside the window (window_metrics'
-        definitions): TPOT of each request that decoded there, pool wait of each request
-        dispatched there."""
+        definitions: TPOT P95 of each request that decoded there, pool wait of each
+        request dispatched there), with its busy time, the throughput over it, and the
+        whole-life TPOT of each request that finished there (what the gate pools)."""
         assert steps.load is not None and steps.active is not None
         view = run.fleet.requests_view()
         n = steps.start_ms.shape[0]
@@ -249,7 +269,58 @@ class ContinuousCounterfactuals:
         with np.errstate(invalid="ignore"):
             inside = (admit_ms >= w0) & (admit_ms < w1) & np.isfinite(view["ready_ms"])
         wait = admit_ms[inside] - view["ready_ms"][inside]
-        return span_metrics(
+        metrics = span_metrics(
             steps.start_ms, steps.duration_ms, steps.load, steps.active.sum(axis=1),
             (w1 - w0) / 1000.0, tpot, wait,
         )  # fmt: skip
+        lifetimes = _lifetime_tpot(run, view, steps, g0, g1)
+        if n:
+            run.last_end_ms = max(run.last_end_ms, float(steps.end_ms[-1]))
+        busy_ms = _busy_ms(run, w1)
+        tokens = float(steps.active.sum())
+        metrics["busy_s"] = busy_ms / 1000.0
+        metrics["throughput_tok_s"] = tokens / (busy_ms / 1000.0) if busy_ms > 0 else math.nan
+        return metrics, lifetimes
+
+
+def _lifetime_tpot(
+    run: _Run, view: dict[str, np.ndarray], steps: _Steps, g0: int, g1: int
+) -> np.ndarray:
+    """Whole-life TPOT (ms) of each request whose last step is among these: from the end
+    of its first step to the end of its last over its tokens after the first, as
+    `analysis.metrics.tpot_ms` (requests with o >= 2 that the run admitted; not those it
+    started with, whose first token it never saw)."""
+    requests = view["admit_step"].shape[0]
+    if run.first_end_ms.shape[0] < requests:
+        grown = np.full(max(requests, 2 * run.first_end_ms.shape[0]), np.nan)
+        grown[: run.first_end_ms.shape[0]] = run.first_end_ms
+        run.first_end_ms = grown
+    if g1 < g0:
+        return np.empty(0)
+    admit, finish = view["admit_step"], view["finish_step"]
+    ran = np.arange(requests) >= run.fleet.initial_count
+    started = ran & (admit >= g0) & (admit <= g1)
+    run.first_end_ms[:requests][started] = steps.end_ms[admit[started] - g0]
+    output = view["output_tokens"]
+    done = ran & (admit >= 0) & (finish >= g0) & (finish <= g1) & (output >= 2)
+    last = steps.end_ms[finish[done] - g0]
+    return (last - run.first_end_ms[:requests][done]) / (output[done] - 1)
+
+
+def _busy_ms(run: _Run, w1: float) -> float:
+    """How far the run's busy clock moved in this window. The clock stands at the window's
+    end while the run has work (running, waiting, or an arrival still to come), else at
+    the end of its last step: summed over windows it is the run's time from the start to
+    its last step end, idle gaps between included, so tokens over it are a full replay's
+    tokens over its makespan; a run that finished early stops its clock there, and one
+    that drains past the last window's end runs it on."""
+    fleet = run.fleet
+    working = bool(
+        fleet.fleet.active.size
+        or fleet.pool.size
+        or any(fleet.queues)
+        or fleet.arrived < fleet.requests
+    )
+    clock = max(run.clock_ms, w1 if working else run.last_end_ms)
+    busy, run.clock_ms = clock - run.clock_ms, clock
+    return busy

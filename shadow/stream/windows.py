@@ -113,9 +113,17 @@ class _Window:
     #: dispatches that landed exactly on a step boundary, and those in the middle of a step
     on_boundary: int = 0
     mid_step: int = 0
+    #: closed at the end of a recorded log: the evidence's last window
+    final: bool = False
 
     def request_ids(self) -> list[str]:
         return [rid for rid, _, _ in self.initial] + self.pool + self.arrivals
+
+    def blank(self) -> bool:
+        """No request, no step and no dispatch in it yet."""
+        return not (self.initial or self.pool or self.arrivals or self.steps) and not (
+            self.on_boundary or self.mid_step
+        )
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,9 @@ class WindowSpec:
     history_keys: np.ndarray | None = None
     #: the first `pool` of `arrivals` were waiting at the window's start (arrived before)
     pool: int = 0
+    #: the evidence's last window (the end of a recorded log): no arrival follows, so
+    #: continuous runs drain inside it
+    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,12 @@ class WindowResult:
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
     #: continuous runs: the window they started from; None: replayed on its own
     run_start: int | None = None
+    #: continuous runs: the requests their start state held (0: an empty fleet)
+    run_start_held: int | None = None
+    #: policy -> per-request TPOTs (ms) the gate pools for the TPOT P95 over requests:
+    #: a continuous run's requests that finished in the window, whole life; a reset
+    #: window's requests that decoded in it, inside it
+    tpot_ms: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def taught(policy: Policy, spec: WindowSpec) -> Policy:
@@ -187,6 +204,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
     trace_count = len(spec.arrivals)
     capacity = spec.capacity if spec.capacity is not None else (spec.batch,) * spec.workers
     errors: dict[str, tuple[int, str]] = {}
+    tpots: dict[str, np.ndarray] = {}
 
     def run(
         name: str,
@@ -226,6 +244,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
             tpot,
             wait,
         )
+        tpots[name] = tpot
         if name != AA:
             trajectories[name] = bucket(
                 result.step_start_ms[inside],
@@ -265,6 +284,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         fidelity_step,
         trajectories,
         errors,
+        tpot_ms=tpots,
     )
 
 
@@ -306,6 +326,13 @@ class WindowTracker:
         if self._next_boundary is None:
             self._open(ts)
             return
+        window = self.current
+        if window is not None and window.t_end is None and window.blank():
+            # Nothing has happened in it yet but fleet changes (the workers of a recorded
+            # log come up after its first event opened the window): its start state is
+            # the fleet as it is now, or the window would start with no workers and be
+            # discarded, and with it the start of the evidence.
+            self._reopen(window)
         if self._pending_cut is not None:
             same_step = ts == self._pending_cut and kind in STEP_END_KINDS
             if not same_step:
@@ -355,6 +382,13 @@ class WindowTracker:
         self.current = window
         self._count += 1
         self._next_boundary = t_start + self.config.length_s
+
+    def _reopen(self, window: _Window) -> None:
+        """Take the start state of a window that holds nothing yet again, from now."""
+        del self.windows[window.index]
+        self.current = None
+        self._count = window.index
+        self._open(window.t_start)
 
     def _track(self, request_id: str, prompt: int, key: int) -> _Request:
         info = self.requests.get(request_id)
@@ -499,13 +533,17 @@ class WindowTracker:
             capacity=window.capacity,
             history_keys=window.history_keys,
             pool=len(window.pool),
+            final=window.final,
         )
 
-    def close(self, t_end: float) -> None:
-        """End the open window at `t_end` (the end of a recorded log)."""
+    def close(self, t_end: float, *, final: bool = False) -> None:
+        """End the open window at `t_end` (a quiet fleet, or with `final` the end of a
+        recorded log: the window not yet evaluated is then the evidence's last)."""
         window = self.current
         if window is not None and window.t_end is None and t_end > window.t_start:
             window.t_end = t_end
+        if final and window is not None and window.index in self.windows:
+            window.final = True
 
     def discard(self, index: int) -> None:
         """Forget a window without evaluating it (already stored before a restart)."""

@@ -89,8 +89,8 @@ class WindowScheduler:
     def schedule(self, *, close: bool = False) -> None:
         for state in self.fleets.values():
             tracker = state.tracker
-            if close and tracker.current is not None and tracker.current.t_end is None:
-                tracker.close(state.mirror.now)
+            if close and tracker.current is not None:
+                tracker.close(state.mirror.now, final=True)
             due = tracker.due(state.mirror.now, force=close)
             if self.continuous:  # in index order: a window only after every earlier one
                 ready = set(due)
