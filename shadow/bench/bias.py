@@ -102,7 +102,8 @@ def measure(
     config.write_text(
         f'[windows]\nmode = "{mode}"\nincumbent = "{incumbent}"\n'
         f"policies = {json.dumps([incumbent, *candidates])}\n"
-        f'[audit]\npolicies = ["{incumbent}", "br0"]\n'
+        # every candidate audited: the gate's decision-latency rule needs its rounds
+        f"[audit]\npolicies = {json.dumps([incumbent, *candidates])}\n"
     )
     db.unlink(missing_ok=True)
     _ingest(log, db, config)

@@ -226,6 +226,18 @@ def bench_replay(
     load: Annotated[float, typer.Option(min=0.0, help="1.0 = fleet capacity.")] = 1.0,
     policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = ALL_POLICIES,
     seed: Annotated[int, typer.Option()] = 0,
+    continuous: Annotated[
+        bool,
+        typer.Option(
+            "--continuous",
+            help="Also the continuous counterfactuals' cost: recorded traffic of "
+            "paper-azure2024 ingested with them off and on, the extra CPU per simulated "
+            "step and per live event.",
+        ),
+    ] = False,
+    continuous_requests: Annotated[
+        int, typer.Option(min=500, help="Requests of the recorded traffic for --continuous.")
+    ] = 5_000,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Simulated steps/s and peak memory per policy (each in a fresh process)."""
@@ -276,11 +288,34 @@ def bench_replay(
     total = sum(r.seconds for r in results)
     console.print(table)
     console.print(f"all {len(results)} policies: {total:.1f} s of replay (target <= 30 s)")
+    document = bench.as_json(results) | {"total_s": total}
+    if continuous:
+        document["continuous"] = _continuous_cost(continuous_requests, load, workers, batch)
     if json_out is not None:
-        json_out.write_text(
-            json.dumps(bench.as_json(results) | {"total_s": total}, indent=2) + "\n"
-        )
+        json_out.write_text(json.dumps(document, indent=2) + "\n")
         console.print(f"wrote {json_out}")
+
+
+def _continuous_cost(requests: int, load: float, workers: int, batch: int) -> dict:
+    from shadow.bench import counterfactuals
+
+    with console.status(f"ingesting {requests:,} recorded requests, counterfactuals off, then on"):
+        cost = counterfactuals.run(requests=requests, load=load, workers=workers, batch=batch)
+    console.print(
+        f"continuous counterfactuals ({', '.join(cost.policies)} and the A/A run, "
+        f"{cost.windows} windows): {cost.events:,} live events, {cost.simulated_steps:,} "
+        f"simulated steps; ingest CPU {cost.cpu_off_s:.2f} s off, {cost.cpu_on_s:.2f} s on"
+    )
+    console.print(
+        f"  = {cost.us_per_simulated_step:.1f} us per simulated step, "
+        f"{cost.us_per_live_event:.1f} us per live event"
+    )
+    return {
+        "events": cost.events, "windows": cost.windows, "policies": list(cost.policies),
+        "simulated_steps": cost.simulated_steps, "cpu_off_s": cost.cpu_off_s,
+        "cpu_on_s": cost.cpu_on_s, "us_per_simulated_step": cost.us_per_simulated_step,
+        "us_per_live_event": cost.us_per_live_event,
+    }  # fmt: skip
 
 
 @bench_app.command("sweep")
