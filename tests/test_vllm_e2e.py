@@ -181,10 +181,16 @@ def call(router: str, job: Job) -> Job:
         ):
             job.status = answer.status_code
             data = bytearray()
+            tail = b""  # the last bytes before this chunk: an event's "data: " may straddle
             for chunk in answer.iter_raw():
                 job.first_byte_at = job.first_byte_at or time.time()
                 data += chunk
-                job.chunks = data.count(b"data: ")
+                # counted in what came, not in the whole body again: that was quadratic,
+                # and 7,000-token streams held the GIL for seconds, starving the router
+                # and the recorders in this process
+                seen = tail + chunk
+                job.chunks += seen.count(b"data: ")
+                tail = seen[-5:]
                 if job.cancel_after is not None and job.chunks >= job.cancel_after:
                     job.left_at = time.time()
                     break  # leaving the block closes the connection mid-stream
