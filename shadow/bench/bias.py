@@ -23,9 +23,9 @@ from shadow.gate.command import GateRequest, run_gate
 from shadow.gate.source import open_evidence
 from shadow.gate.thresholds import Thresholds
 from shadow.policies import make_policy
-from shadow.replay import replay
+from shadow.replay import ReplayResult, replay
 from shadow.replay.events import write_events
-from shadow.replay.workload import StepModel
+from shadow.replay.workload import StepModel, Workload
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.workloads.synthetic import generate
@@ -69,7 +69,33 @@ class Cell:
         return self.ci_low <= self.truth <= self.ci_high
 
 
-def _ingest(log: Path, db: Path, config: Path) -> None:
+def record(
+    log: Path,
+    incumbent: str,
+    load: float,
+    requests: int,
+    model: StepModel,
+    workers: int = 8,
+    batch: int = 64,
+) -> tuple[Workload, ReplayResult]:
+    """Recorded traffic where the truth is known: `paper-azure2024` retimed to `load`,
+    replayed under the incumbent and written to `log` as the events a live fleet sends."""
+    workload = retime(
+        generate("paper-azure2024", seed=0, n=requests),
+        load=load,
+        workers=workers,
+        batch=batch,
+        step_model=model,
+    )
+    observed = replay(
+        workload, make_policy(incumbent), workers=workers, batch=batch, step_model=model
+    )
+    write_events(log, observed, workload.prompt_keys)
+    return workload, observed
+
+
+def ingest_recorded(log: Path, db: Path, config: Path) -> None:
+    """A recorded event log through the service's own pipeline, as a live feed would be."""
     runtime = Runtime(load_settings(config, db=db))
     try:
         for pairs, rejected in iter_file(log, batch_size=10_000):
@@ -89,15 +115,10 @@ def measure(
 ) -> list[Cell]:
     """One load's cells: record, ingest, gate each candidate, replay each for the truth."""
     model = StepModel()
-    workload = retime(
-        generate("paper-azure2024", seed=0, n=requests), load=load, workers=8, batch=64,
-        step_model=model,
-    )  # fmt: skip
-    observed = replay(workload, make_policy(incumbent), workers=8, batch=64, step_model=model)
     root.mkdir(parents=True, exist_ok=True)
     log = root / f"{incumbent}-{load}.jsonl"
     db = root / f"{incumbent}-{load}-{mode}.duckdb"
-    write_events(log, observed, workload.prompt_keys)
+    workload, observed = record(log, incumbent, load, requests, model)
     config = root / f"{incumbent}-{mode}.toml"
     config.write_text(
         f'[windows]\nmode = "{mode}"\nincumbent = "{incumbent}"\n'
@@ -106,7 +127,7 @@ def measure(
         f"[audit]\npolicies = {json.dumps([incumbent, *candidates])}\n"
     )
     db.unlink(missing_ok=True)
-    _ingest(log, db, config)
+    ingest_recorded(log, db, config)
     base = summarize(observed)
     cells = []
     store = open_evidence(db)

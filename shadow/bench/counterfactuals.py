@@ -19,16 +19,9 @@ from pathlib import Path
 
 import duckdb
 
-from shadow.events import iter_file
-from shadow.policies import make_policy
-from shadow.replay import replay
-from shadow.replay.events import write_events
+from shadow.bench.bias import ingest_recorded, record
 from shadow.replay.workload import StepModel
-from shadow.service.runtime import Runtime
-from shadow.service.settings import load_settings
 from shadow.stream.windows import OBSERVED
-from shadow.workloads.synthetic import generate
-from shadow.workloads.traces import retime
 
 
 @dataclass(frozen=True)
@@ -63,14 +56,9 @@ def _cpu_s() -> float:
 
 
 def _ingest(log: Path, db: Path, config: Path) -> tuple[float, float]:
+    """`ingest_recorded`'s CPU (this process and its joined workers) and wall seconds."""
     cpu, wall = _cpu_s(), time.perf_counter()
-    runtime = Runtime(load_settings(config, db=db))
-    try:
-        for pairs, rejected in iter_file(log, batch_size=10_000):
-            runtime.pipeline.submit(pairs, rejected)
-        runtime.pipeline.finish()
-    finally:
-        runtime.close()
+    ingest_recorded(log, db, config)
     return _cpu_s() - cpu, time.perf_counter() - wall
 
 
@@ -83,17 +71,10 @@ def run(
     batch: int = 64,
     window_s: float = 30.0,
 ) -> CounterfactualCost:
-    model = StepModel()
-    workload = retime(
-        generate("paper-azure2024", seed=0, n=requests), load=load, workers=workers,
-        batch=batch, step_model=model,
-    )  # fmt: skip
-    observed = replay(workload, make_policy(incumbent), workers=workers, batch=batch,
-                      step_model=model)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="shadow-bench-cf-") as tmp:
         root = Path(tmp)
         log = root / "recorded.jsonl"
-        write_events(log, observed, workload.prompt_keys)
+        record(log, incumbent, load, requests, StepModel(), workers, batch)
         events = sum(1 for _ in log.open())
         common = "[ingest]\naudit_enabled = false\n"
         off = root / "off.toml"

@@ -41,7 +41,7 @@ from shadow.stream.aa import jitter_step_s, moved_to, worker_order
 from shadow.stream.guard import GuardedPolicy
 from shadow.stream.trajectory import Trajectory, bucket
 from shadow.stream.window_metrics import span_metrics, tpot_inside
-from shadow.stream.windows import AA, OBSERVED, WindowResult, WindowSpec, ratio, taught
+from shadow.stream.windows import AA, OBSERVED, WindowResult, WindowSpec, fidelity, taught
 
 #: the A/A run's arrival jitter seed (fixed: the same evidence, the same floor)
 AA_SEED = 7919
@@ -186,11 +186,7 @@ class ContinuousCounterfactuals:
             if run.guarded.errors > run.errors_seen:
                 errors[run.name] = (run.guarded.errors - run.errors_seen, run.guarded.error)
                 run.errors_seen = run.guarded.errors
-        incumbent = metrics.get(spec.incumbent)
-        fidelity_imbalance = fidelity_step = math.nan
-        if incumbent is not None:
-            fidelity_imbalance = ratio(incumbent["imbalance_mean"], spec.observed["imbalance_mean"])
-            fidelity_step = ratio(incumbent["step_ms_mean"], spec.observed["step_ms_mean"])
+        fidelity_imbalance, fidelity_step = fidelity(metrics, spec)
         return WindowResult(
             spec.fleet,
             spec.index,

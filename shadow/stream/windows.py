@@ -266,11 +266,7 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
             step_s = jitter_step_s(spec.observed, spec.step_model.b_ms)
             later = jittered(spec.arrivals, step_s, seed)
             run(AA, make_aa_policy(spec.incumbent, seed=seed), moved, slots, later)
-    incumbent = metrics.get(spec.incumbent)
-    fidelity_imbalance = fidelity_step = math.nan
-    if incumbent is not None:
-        fidelity_imbalance = ratio(incumbent["imbalance_mean"], spec.observed["imbalance_mean"])
-        fidelity_step = ratio(incumbent["step_ms_mean"], spec.observed["step_ms_mean"])
+    fidelity_imbalance, fidelity_step = fidelity(metrics, spec)
     return WindowResult(
         spec.fleet,
         spec.index,
@@ -285,6 +281,18 @@ def evaluate_window(spec: WindowSpec) -> WindowResult:
         trajectories,
         errors,
         tpot_ms=tpots,
+    )
+
+
+def fidelity(metrics: dict[str, dict[str, float]], spec: WindowSpec) -> tuple[float, float]:
+    """The replayed incumbent against the observed fleet: (imbalance, step time) ratios,
+    NaN where the incumbent was not replayed."""
+    incumbent = metrics.get(spec.incumbent)
+    if incumbent is None:
+        return math.nan, math.nan
+    return (
+        ratio(incumbent["imbalance_mean"], spec.observed["imbalance_mean"]),
+        ratio(incumbent["step_ms_mean"], spec.observed["step_ms_mean"]),
     )
 
 
