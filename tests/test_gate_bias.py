@@ -14,6 +14,9 @@ import pytest
 
 from shadow.bench import bias
 
+#: how far past its margin a true ratio is "clearly" past it
+CLEARLY = 0.02
+
 
 @pytest.mark.parametrize("incumbent", ["jsq-pool", "ascend-proxy"])
 def test_the_gate_estimates_the_true_effect(tmp_path, incumbent):
@@ -32,3 +35,16 @@ def test_the_gate_estimates_the_true_effect(tmp_path, incumbent):
         assert not off, f"{metric}: the estimate is off the truth in {off}"
     # random never passes on evidence where it is no better than the incumbent
     assert not [c for c in cells if c.candidate == "random" and c.verdict == "PASS"]
+    # ... and fails, naming the rule, wherever a true PRIMARY ratio is clearly past its
+    # margin (by more than CLEARLY: the A/A floor reaches ~0.013 at saturation)
+    for c in cells:
+        past = (c.metric == "throughput_ratio" and c.truth < 0.99 - CLEARLY) or (
+            c.metric == "tpot_p95_ratio" and c.truth > 1.05 + CLEARLY
+        )
+        if c.candidate == "random" and past:
+            assert c.verdict == "FAIL", (c.load, c.metric, c.truth, c.deciding)
+            assert f"FAIL: PRIMARY rule {c.metric}" in c.deciding, (c.load, c.deciding)
+    # BR-H gains 3.9% throughput at load 1.0: more than the floor, so it is called
+    if incumbent == "jsq-pool":
+        verdicts = {(c.load, c.candidate): c.deciding for c in cells}
+        assert verdicts[(1.0, "brh-survival")].startswith("PASS"), verdicts[(1.0, "brh-survival")]

@@ -15,6 +15,9 @@ Rules (exact):
   low >= margin, FAIL when the CI high < margin, else it straddles (INCONCLUSIVE).
 - PRIMARY `tpot_p95_ratio` (`tpot_p95_ms`): pass when the CI high <= margin, FAIL when the
   CI low > margin, else it straddles (INCONCLUSIVE).
+- Both PRIMARY intervals are judged widened on each side by the A/A noise d = max(0,
+  1 - A/A CI low, A/A CI high - 1) of the same metric: a difference the incumbent makes
+  against itself is never called for or against the candidate.
 - OBJECTIVE `imbalance_ratio` (`imbalance_mean`): shown when the CI high < margin and,
   where the A/A imbalance interval is measured, below its low end too (an improvement the
   incumbent's own tie-breaks could make is not shown); else MARGINAL.
@@ -28,10 +31,11 @@ Rules (exact):
 - GUARD `predictor_calibration`: AUC >= min; not applicable when the candidate has no
   predictor (AUC None); below the minimum (or NaN) is MARGINAL.
 - `noise_floor` (A/A): bootstrap CIs of aa / incumbent for throughput, TPOT P95 and
-  imbalance (the last is shown here and bounds the OBJECTIVE). It is wider than the
-  margins when the A/A throughput CI low < the throughput margin or the A/A TPOT CI high
-  > the TPOT margin (each checked only for a PRIMARY that decides, i.e. not dry run).
-  Wider, or no A/A at all, is INCONCLUSIVE.
+  imbalance (the last is shown here and bounds the OBJECTIVE). It is labelled wider than
+  the margins when the A/A throughput CI low < the throughput margin or the A/A TPOT CI
+  high > the TPOT margin (each checked only for a PRIMARY that decides, i.e. not dry
+  run); that decides nothing by itself, the widened PRIMARY intervals do. No A/A at all
+  is INCONCLUSIVE.
 - `evidence`: windows >= `min_windows` and decisions >= `min_decisions`, else INCONCLUSIVE.
 
 Verdict order: ERROR (no windows, a baseline or candidate never replayed, or unreadable
@@ -157,18 +161,13 @@ def decide(evidence: Evidence, thresholds: Thresholds | None = None) -> GateRepo
         ("noise_floor.imbalance", "imbalance_mean"),
     ):
         boot[floor] = _estimate(arrays, key, "aa", t, block)
-    for metric, key in (
-        ("throughput_ratio", "throughput_tok_s"),
-        ("tpot_p95_ratio", "tpot_p95_ms"),
-        ("imbalance_ratio", "imbalance_mean"),
+    for metric, key, floor in (
+        ("throughput_ratio", "throughput_tok_s", "noise_floor.throughput"),
+        ("tpot_p95_ratio", "tpot_p95_ms", "noise_floor.tpot_p95"),
+        ("imbalance_ratio", "imbalance_mean", "noise_floor.imbalance"),
     ):
         boot[metric] = _estimate(arrays, key, "candidate", t, block)
-        add(
-            *_ratio_row(
-                metric, arrays.inc[key], arrays.cand[key], boot[metric], t,
-                boot["noise_floor.imbalance"],
-            )
-        )  # fmt: skip
+        add(*_ratio_row(metric, arrays.inc[key], arrays.cand[key], boot[metric], t, boot[floor]))
     add(*_fidelity_row(arrays, t))
     add(*_calibration_row(evidence.calibration_auc, t))
     add(*_noise_row(arrays, boot, t))
@@ -263,7 +262,7 @@ def _ratio_row(
     cand: np.ndarray,
     b: BootstrapResult,
     t: Thresholds,
-    aa_imbalance: BootstrapResult | None = None,
+    aa: BootstrapResult | None = None,
 ) -> tuple[MetricRow, _Finding | None]:
     name = _RATIO_NAMES[metric]
     keep = np.isfinite(inc) & np.isfinite(cand)
@@ -272,31 +271,31 @@ def _ratio_row(
     shown = f"{name} {fmt(b.point)} [{fmt(b.ci_low)}, {fmt(b.ci_high)}]"
     measured = not (math.isnan(b.ci_low) or math.isnan(b.ci_high))
     finding: _Finding | None = None
-    if metric == "throughput_ratio":
-        m = t.throughput_ratio_ci_low_min
-        margin = f"CI low >= {_m(m)}"
-        if not measured:
-            label, text = "missing", f"{name} not measured (no window with both values)"
-            finding = _Finding(metric, "INCONCLUSIVE", f"PRIMARY {metric}: {text}")
-        elif b.ci_low >= m:
-            label, text = "pass", f"{shown} >= {_m(m)}"
-        elif b.ci_high < m:
-            label, text = "fail", f"{shown} is entirely below {_m(m)}"
-            finding = _Finding(metric, "FAIL", f"PRIMARY rule {metric}: {text}")
+    if metric in ("throughput_ratio", "tpot_p95_ratio"):
+        # A difference the incumbent makes against itself is not the candidate's: the
+        # interval is judged widened by the A/A floor's reach from 1 on either side.
+        noise = _aa_deviation(aa)
+        low, high = b.ci_low - noise, b.ci_high + noise
+        if noise > 0 and measured:
+            shown += f" widened by the A/A noise {noise:.4f} to [{fmt(low)}, {fmt(high)}]"
+        higher_is_better = metric == "throughput_ratio"
+        if higher_is_better:
+            m = t.throughput_ratio_ci_low_min
+            margin = f"CI low >= {_m(m)}"
+            passes, fails = low >= m, high < m
+            pass_text, fail_text = f">= {_m(m)}", f"is entirely below {_m(m)}"
         else:
-            label, text = "straddles", f"{shown} straddles {_m(m)}"
-            finding = _Finding(metric, "INCONCLUSIVE", f"PRIMARY {metric}: {text}")
-        role = "PRIMARY"
-    elif metric == "tpot_p95_ratio":
-        m = t.tpot_p95_ratio_ci_high_max
-        margin = f"CI high <= {_m(m)}"
+            m = t.tpot_p95_ratio_ci_high_max
+            margin = f"CI high <= {_m(m)}"
+            passes, fails = high <= m, low > m
+            pass_text, fail_text = f"<= {_m(m)}", f"is entirely above {_m(m)}"
         if not measured:
             label, text = "missing", f"{name} not measured (no window with both values)"
             finding = _Finding(metric, "INCONCLUSIVE", f"PRIMARY {metric}: {text}")
-        elif b.ci_high <= m:
-            label, text = "pass", f"{shown} <= {_m(m)}"
-        elif b.ci_low > m:
-            label, text = "fail", f"{shown} is entirely above {_m(m)}"
+        elif passes:
+            label, text = "pass", f"{shown} {pass_text}"
+        elif fails:
+            label, text = "fail", f"{shown} {fail_text}"
             finding = _Finding(metric, "FAIL", f"PRIMARY rule {metric}: {text}")
         else:
             label, text = "straddles", f"{shown} straddles {_m(m)}"
@@ -305,7 +304,7 @@ def _ratio_row(
     else:
         m = t.imbalance_ratio_ci_high_max
         margin = f"CI high < {_m(m)}"
-        floor = aa_imbalance.ci_low if aa_imbalance is not None else math.nan
+        floor = aa.ci_low if aa is not None else math.nan
         if not measured:
             label, text = "not shown", f"{name} not measured (no window with both values)"
         elif b.ci_high >= m:
@@ -452,11 +451,15 @@ def _noise_row(
         label, text = "missing", f"noise floor not measured ({', '.join(missing)}: no A/A replay)"
         finding = _Finding(metric, "INCONCLUSIVE", text)
     elif wider:
+        # Not INCONCLUSIVE by itself: each PRIMARY interval is judged widened by this
+        # floor, so an effect larger than the noise is still called and one inside it
+        # straddles its margin.
         label, text = (
             "wider than margins",
-            "noise floor wider than the margins: " + " and ".join(wider),
+            "noise floor wider than the margins: "
+            + " and ".join(wider)
+            + " (each PRIMARY interval is judged widened by it)",
         )
-        finding = _Finding(metric, "INCONCLUSIVE", text)
     else:
         label, text = "within margins", ", ".join(shown) + ": within the margins"
     if n and _aa_is_the_incumbent(a):
@@ -468,6 +471,13 @@ def _noise_row(
         )
     row = MetricRow(metric, "NOISE", n, None, None, None, None, None, margin, label, text, False)
     return row, finding
+
+
+def _aa_deviation(aa: BootstrapResult | None) -> float:
+    """How far the A/A interval reaches from 1 on either side (0 when not measured)."""
+    if aa is None or math.isnan(aa.ci_low) or math.isnan(aa.ci_high):
+        return 0.0
+    return max(0.0, 1.0 - aa.ci_low, aa.ci_high - 1.0)
 
 
 def _aa_is_the_incumbent(a: _Arrays) -> bool:
