@@ -52,3 +52,17 @@ def test_a_short_load_run_stores_every_acknowledged_event_once(tmp_path):
     assert busy and all(i["server_cpu_us_per_event"] > 0 for i in busy)
     spread = report["server_cpu_us_per_event"]
     assert 0 < spread["min"] <= spread["median"] <= spread["max"]
+
+
+def test_a_load_run_with_the_counterfactuals_on_still_stores_everything(tmp_path):
+    """The windows on: the window worker replays every fleet's windows beside the ingest,
+    and no acknowledged event is lost for it."""
+    report = run(
+        rate=4000, duration_s=12, batch=500, senders=2, requests=300, workdir=tmp_path,
+        interval_s=4.0, counterfactuals=True, note=print,
+    )  # fmt: skip
+    assert report["counterfactuals"] is True
+    assert report["events_acknowledged"] > 0 and report["failed_batches"] == 0
+    assert report["lost"] == {} and report["duplicates"] == 0
+    # each sender streams its fleet ~9x real time: 12 s is minutes of fleet time
+    assert report["windows_evaluated"]["windows"] >= 1, report["windows_evaluated"]

@@ -206,13 +206,17 @@ def run(
     duckdb_memory_mb: int | None = 64,
     workdir: Path | None = None,
     interval_s: float = INTERVAL_S,
+    counterfactuals: bool = False,
     note=print,
 ) -> dict[str, Any]:
-    """Run the load test in `workdir` (kept), or in a temporary folder (see `workspace`)."""
+    """Run the load test in `workdir` (kept), or in a temporary folder (see `workspace`).
+    `counterfactuals`: the windows on (continuous counterfactuals for every fleet, in the
+    window worker), to show ingest keeps its rate beside them."""
     with workspace(workdir, "shadow-load-") as root:
         return _run_in(root, rate=rate, duration_s=duration_s, batch=batch, senders=senders,
                        requests=requests, duckdb_memory_mb=duckdb_memory_mb,
-                       interval_s=interval_s, note=note)  # fmt: skip
+                       interval_s=interval_s, counterfactuals=counterfactuals,
+                       note=note)  # fmt: skip
 
 
 def _run_in(
@@ -225,6 +229,7 @@ def _run_in(
     requests: int,
     duckdb_memory_mb: int | None,
     interval_s: float,
+    counterfactuals: bool,
     note,
 ) -> dict[str, Any]:
     recording = record(root, requests)
@@ -236,7 +241,7 @@ def _run_in(
     for stale in root.glob("load.duckdb*"):
         stale.unlink()
     config = root / "load.toml"
-    settings = "windows = false\n"
+    settings = "windows = true\n" if counterfactuals else "windows = false\n"
     if duckdb_memory_mb is not None:
         settings += f"duckdb_memory_mb = {int(duckdb_memory_mb)}\n"
     config.write_text(settings)
@@ -341,6 +346,7 @@ def _run_in(
         violations = dict(
             con.execute("SELECT kind, count(*) FROM violations GROUP BY kind").fetchall()
         )
+        windows = con.execute("SELECT count(*), count(DISTINCT fleet) FROM windows").fetchone()
     finally:
         con.close()
     acked = dict(tally.events)
@@ -386,6 +392,9 @@ def _run_in(
             "stored_latest_rows": int(progress_rows),
         },
         "decisions_audited": int(decisions),
+        "counterfactuals": counterfactuals,
+        #: windows the continuous counterfactuals evaluated, and over how many fleets
+        "windows_evaluated": {"windows": int(windows[0]), "fleets": int(windows[1])},
         #: a clean recorded stream raises none: any here are the load's own artefacts
         "violations": violations,
         "commits": {
