@@ -15,9 +15,10 @@ Rules (exact):
   low >= margin, FAIL when the CI high < margin, else it straddles (INCONCLUSIVE).
 - PRIMARY `tpot_p95_ratio` (`tpot_p95_ms`): pass when the CI high <= margin, FAIL when the
   CI low > margin, else it straddles (INCONCLUSIVE).
-- Both PRIMARY intervals are judged widened on each side by the A/A noise d = max(0,
-  1 - A/A CI low, A/A CI high - 1) of the same metric: a difference the incumbent makes
-  against itself is never called for or against the candidate.
+- Both PRIMARY intervals are judged widened on each side by the A/A deviation d =
+  |A/A ratio - 1| of the same metric (the incumbent against itself with other
+  tie-breaks): a difference the incumbent makes against itself is never called for or
+  against the candidate.
 - OBJECTIVE `imbalance_ratio` (`imbalance_mean`): shown when the CI high < margin and,
   where the A/A imbalance interval is measured, below its low end too (an improvement the
   incumbent's own tie-breaks could make is not shown); else MARGINAL.
@@ -273,11 +274,11 @@ def _ratio_row(
     finding: _Finding | None = None
     if metric in ("throughput_ratio", "tpot_p95_ratio"):
         # A difference the incumbent makes against itself is not the candidate's: the
-        # interval is judged widened by the A/A floor's reach from 1 on either side.
+        # interval is judged widened on both sides by how far the A/A moved from 1.
         noise = _aa_deviation(aa)
         low, high = b.ci_low - noise, b.ci_high + noise
         if noise > 0 and measured:
-            shown += f" widened by the A/A noise {noise:.4f} to [{fmt(low)}, {fmt(high)}]"
+            shown += f" widened by the A/A deviation {noise:.4f} to [{fmt(low)}, {fmt(high)}]"
         higher_is_better = metric == "throughput_ratio"
         if higher_is_better:
             m = t.throughput_ratio_ci_low_min
@@ -474,10 +475,14 @@ def _noise_row(
 
 
 def _aa_deviation(aa: BootstrapResult | None) -> float:
-    """How far the A/A interval reaches from 1 on either side (0 when not measured)."""
-    if aa is None or math.isnan(aa.ci_low) or math.isnan(aa.ci_high):
+    """How far the incumbent moved against itself, |A/A ratio - 1| (0 when not measured).
+    The point, not the interval's reach: the interval's width is the windows' resampling
+    noise, which the candidate's own interval already carries (widening by it as well
+    counted that noise twice, and a candidate equal to the incumbent below saturation,
+    1.001 [0.995, 1.006], straddled 0.99)."""
+    if aa is None or not math.isfinite(aa.point):
         return 0.0
-    return max(0.0, 1.0 - aa.ci_low, aa.ci_high - 1.0)
+    return abs(aa.point - 1.0)
 
 
 def _aa_is_the_incumbent(a: _Arrays) -> bool:
