@@ -5,6 +5,7 @@ snapshot, violation timelines, gate dry runs and stored replays."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -13,7 +14,14 @@ import numpy as np
 import pytest
 
 from shadow.analysis.comparison import rows_to_columns, summary_table
+from shadow.gate.collect import collect_evidence
+from shadow.gate.source import open_evidence
+from shadow.gate.thresholds import Thresholds
+from shadow.gate.verdict import decide
+from shadow.storage import queries
+from shadow.storage.database import duck_connection
 from shadow.stream.trajectory import Trajectory, bucket, join
+from shadow.stream.windows import WINDOW_METRICS
 from shadow.world.process import REPO
 from tests.service_helpers import Server, record, write_config
 
@@ -34,10 +42,12 @@ def service(tmp_path_factory):
     ):
         done = subprocess.run(cli + command, cwd=REPO, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+    evidence = root / "evidence.duckdb"  # the gate's own read, beside the running server
+    shutil.copyfile(db, evidence)
     server = Server(db, config).start()
     client = httpx.Client(base_url=server.url, timeout=30.0)
     try:
-        yield client, result
+        yield client, result, evidence
     finally:
         client.close()
         server.stop()
@@ -49,28 +59,93 @@ def get(client: httpx.Client, path: str, **params) -> dict:
     return response.json()
 
 
-def test_summary_ratios_are_ratios_of_window_sums(service):
-    client, _ = service
+def test_summary_ratios_are_the_quantities_a_replay_measures(service):
+    client, _, _ = service
     summary = get(client, f"{FLEET}/summary")
     windows = get(client, f"{FLEET}/windows", limit=1000)["items"]
     assert summary["windows"] == len(windows) >= 5
+    # a recording starts from an empty fleet: no warm-up to drop
+    assert summary["evidence_windows"] == len(windows)
     rows = {r["policy"]: r for r in summary["rows"]}
     assert [r["policy"] for r in summary["rows"]][:2] == ["observed", "jsq-pool"]
     assert rows["jsq-pool"]["ratios"]["imbalance"] is None
-    br0 = sum(w["policies"]["br0"]["imbalance_mean"] for w in windows)
-    jsq = sum(w["policies"]["jsq-pool"]["imbalance_mean"] for w in windows)
-    ratio = rows["br0"]["ratios"]["imbalance"]
-    assert ratio["point"] == pytest.approx(br0 / jsq)
-    assert ratio["ci_low"] <= ratio["point"] <= ratio["ci_high"]
-    assert ratio["n"] == len(windows)
-    assert ratio["point"] < 1.0  # BR-0 balances better than JSQ on this trace
+
+    def weighted(policy: str, metric: str, weight: str) -> float:
+        arms = [w["policies"][policy] for w in windows]
+        return sum(a[metric] * a[weight] for a in arms if a[weight]) / sum(a[weight] for a in arms)
+
+    # imbalance: the mean over steps; throughput: tokens over busy time
+    for name, metric, weight in (
+        ("imbalance", "imbalance_mean", "steps"),
+        ("throughput", "throughput_tok_s", "busy_s"),
+    ):
+        ratio = rows["br0"]["ratios"][name]
+        truth = weighted("br0", metric, weight) / weighted("jsq-pool", metric, weight)
+        assert ratio["point"] == pytest.approx(truth, rel=1e-9)
+        assert ratio["ci_low"] <= ratio["point"] <= ratio["ci_high"]
+        assert ratio["n"] == len(windows)
+    assert rows["br0"]["ratios"]["imbalance"]["point"] < 1.0  # BR-0 balances better than JSQ
     first = windows[0]["t_start"]
     later = get(client, f"{FLEET}/summary", since=first + 1e-6)
     assert later["windows"] == len(windows) - 1
 
 
+def test_summary_ratios_are_the_gates_estimates(service):
+    """The UI's table and the gate give one estimate: the same points, and with the
+    gate's resamples the same intervals (on a copy of the service's database)."""
+    client, _, evidence_db = service
+    summary = {r["policy"]: r for r in get(client, f"{FLEET}/summary")["rows"]}
+    store = open_evidence(evidence_db)
+    try:
+        thresholds = Thresholds()
+        for candidate in ("br0", "brh-survival"):
+            gate = get(client, f"{FLEET}/gate", candidate=candidate)
+            rows = {r["metric"]: r for r in gate["rows"]}
+            evidence = collect_evidence(
+                store, fleet="default", candidate=candidate, baseline="jsq-pool"
+            )
+            decided = {r.metric: r for r in decide(evidence, thresholds).rows}
+            _, columns = queries.summary_inputs(
+                _Reader(store), "default", WINDOW_METRICS, None, None
+            )
+            full = {
+                r["policy"]: r
+                for r in summary_table(
+                    columns, "jsq-pool", resamples=thresholds.bootstrap_resamples
+                )["rows"]
+            }
+            for name, metric in (("throughput", "throughput_ratio"),
+                                 ("tpot_p95", "tpot_p95_ratio"),
+                                 ("imbalance", "imbalance_ratio")):  # fmt: skip
+                page = summary[candidate]["ratios"][name]
+                assert page["point"] == pytest.approx(rows[metric]["ratio"], rel=1e-12)
+                exact = full[candidate]["ratios"][name]
+                assert exact["point"] == decided[metric].ratio
+                assert (exact["ci_low"], exact["ci_high"]) == (
+                    decided[metric].ci_low,
+                    decided[metric].ci_high,
+                )
+                assert page["ci_low"] <= page["point"] <= page["ci_high"]
+    finally:
+        store.close()
+
+
+class _Reader:
+    """`queries.Reader` over the gate's evidence source: rows, and numpy columns."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def query(self, sql: str, params: dict | None = None) -> list[dict]:
+        return self.store.query(sql, params)
+
+    def columns(self, sql: str, params: dict | None = None) -> dict[str, np.ndarray]:
+        with self.store.engine.connect() as conn:
+            return duck_connection(conn).execute(sql, params or {}).fetchnumpy()
+
+
 def test_compare_one_window_has_a_series_per_worker_per_policy(service):
-    client, result = service
+    client, result, _ = service
     windows = get(client, f"{FLEET}/windows", limit=1000)["items"]
     chosen = windows[2]
     view = get(client, f"{FLEET}/compare", window=chosen["window_index"])
@@ -88,7 +163,7 @@ def test_compare_one_window_has_a_series_per_worker_per_policy(service):
 
 
 def test_compare_over_a_range_joins_windows_and_limits_points(service):
-    client, _ = service
+    client, _, _ = service
     windows = get(client, f"{FLEET}/windows", limit=1000)["items"]
     since, until = windows[1]["t_start"], windows[4]["t_start"]
     view = get(client, f"{FLEET}/compare", since=since, until=until, points=50,
@@ -103,7 +178,7 @@ def test_compare_over_a_range_joins_windows_and_limits_points(service):
 
 
 def test_decision_filters_and_sorting(service):
-    client, _ = service
+    client, _, _ = service
     everything = get(client, f"{FLEET}/decisions", snapshot="false", limit=1)["total"]
     by_worker = get(client, f"{FLEET}/decisions", worker="3", policy="br0", limit=200)
     assert 0 < by_worker["total"] < everything
@@ -120,7 +195,7 @@ def test_decision_filters_and_sorting(service):
 
 
 def test_one_decision_shows_its_snapshot_and_every_choice(service):
-    client, _ = service
+    client, _, _ = service
     row = get(client, f"{FLEET}/decisions", disagreements_only="true", policy="br0",
               sort="regret", limit=1)["items"][0]  # fmt: skip
     detail = get(client, f"{FLEET}/decisions/{row['ingest_id']}")
@@ -138,7 +213,7 @@ def test_one_decision_shows_its_snapshot_and_every_choice(service):
 
 
 def test_violation_timeline_counts_each_kind(service):
-    client, _ = service
+    client, _, _ = service
     now = get(client, "/v1/fleets")[0]["last_event_ts"]
     events = [
         {
@@ -162,7 +237,7 @@ def test_violation_timeline_counts_each_kind(service):
 
 
 def test_gate_dry_run_is_recorded_and_listed(service):
-    client, _ = service
+    client, _, _ = service
     before = get(client, f"{FLEET}/mode")
     body = {"candidate": "br0", "baseline": "jsq-pool"}
     response = client.post(f"{FLEET}/gate/dry-run", json=body)
@@ -183,7 +258,7 @@ def test_gate_dry_run_is_recorded_and_listed(service):
 
 
 def test_stored_replays_list_and_series(service):
-    client, _ = service
+    client, _, _ = service
     runs = get(client, "/v1/replays")["items"]
     assert len(runs) == 1 and {p["policy"] for p in runs[0]["policies"]} == {"jsq", "br0"}
     run = get(client, f"/v1/replays/{runs[0]['id']}", points=40)
@@ -195,7 +270,7 @@ def test_stored_replays_list_and_series(service):
 
 
 def test_ui_pages_are_served_with_security_headers(service):
-    client, _ = service
+    client, _, _ = service
     for path in ("/", "/compare", "/decisions", "/integrity", "/gate", "/replays"):
         response = client.get(path)
         assert response.status_code == 200 and "text/html" in response.headers["content-type"]

@@ -41,6 +41,16 @@ METRICS = {
 }
 
 
+def within_tolerance(estimate: float | None, truth: float) -> bool:
+    """Issue 22's tolerance: within 10% of the true effect (ratio - 1), or within 0.003
+    of the ratio where the effect is under 0.03."""
+    if estimate is None:
+        return False
+    effect = truth - 1.0
+    allowed = 0.1 * abs(effect) if abs(effect) >= 0.03 else 0.003
+    return abs(estimate - truth) <= allowed
+
+
 @dataclass(frozen=True)
 class Cell:
     incumbent: str
@@ -56,11 +66,7 @@ class Cell:
 
     @property
     def within(self) -> bool:
-        if self.estimate is None:
-            return False
-        effect = self.truth - 1.0
-        allowed = 0.1 * abs(effect) if abs(effect) >= 0.03 else 0.003
-        return abs(self.estimate - self.truth) <= allowed
+        return within_tolerance(self.estimate, self.truth)
 
     @property
     def covered(self) -> bool:

@@ -1,5 +1,5 @@
 """`shadow bench`: the benchmarks that print numbers (router, ingest, load, ui, replay,
-sweep, tap); each command runs one `shadow.bench` module and draws its table."""
+sweep, tap, bias, demo); each command runs one `shadow.bench` module and draws its table."""
 
 from __future__ import annotations
 
@@ -465,6 +465,51 @@ def bench_bias(
             with console.status(f"load {load}: recording, ingesting, judging"):
                 cells += bias.measure(root, incumbent, load, requests, mode)
         console.out(bias.table(cells), highlight=False)
+
+
+@bench_app.command("demo")
+def bench_demo(
+    seconds: Annotated[
+        float, typer.Option(min=30.0, help="How long the demo runs before its table is read.")
+    ] = 180.0,
+    db: Annotated[
+        Path | None, typer.Option(help="The demo's DuckDB file (default: a scratch one).")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the comparison as JSON to this file.")
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the demo's recorded arrivals as a trace (.jsonl or .csv) for "
+            "`shadow replay` (the command to run is printed)."
+        ),
+    ] = None,
+) -> None:
+    """The README demo's table (BR-0, BR-H against the incumbent) after SECONDS, against
+    an offline replay of the demo's own recorded arrivals; exit 1 when a ratio is off."""
+    import tempfile
+
+    from shadow.bench import demo
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = db or Path(scratch) / "demo.duckdb"
+        with console.status(f"running the demo for {seconds:g} s, then replaying its arrivals"):
+            result = demo.check(path, seconds)
+    console.out(demo.table(result), highlight=False)
+    if trace is not None:
+        demo.export_trace(result.recording, trace)
+        m = result.step_model
+        console.print(
+            f"recorded arrivals: {trace} (shadow replay {trace} --workers "
+            f"{result.recording.workers} --batch {result.recording.batch} --step-a "
+            f"{m.a_ms_per_token:g} --step-b {m.b_ms:g} --policies {result.incumbent},"
+            f"br0,brh-survival --decide-on-arrival)"
+        )
+    if json_out is not None:
+        json_out.write_text(json.dumps(result.as_dict(), indent=2))
+    if not all(c.within for c in result.cells):
+        raise typer.Exit(1)
 
 
 @bench_app.command("fleet")

@@ -112,6 +112,15 @@ def replay(
     ] = None,
     step_a: Annotated[float, typer.Option(help="Step model: ms per KV token.")] = 1.2e-4,
     step_b: Annotated[float, typer.Option(help="Step model: fixed ms per step.")] = 20.0,
+    decide_on_arrival: Annotated[
+        bool,
+        typer.Option(
+            "--decide-on-arrival/--decide-at-steps",
+            help="Decide each request when it arrives, on the running step's state, as a "
+            "live router does (the service replays such a fleet so); the default decides "
+            "in a round before each step (BALANCEROUTE.md).",
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option(help="Seed for presets and randomised policies.")] = 0,
     skip_bad: Annotated[
         bool, typer.Option(help="Skip malformed trace rows (and count them).")
@@ -189,6 +198,7 @@ def replay(
                 step_model=step_model,
                 seed=seed,
                 progress=lambda done, _total, task=task: bar.update(task, completed=done),
+                decide_on_arrival=decide_on_arrival,
             )
             bar.update(task, completed=len(workload))
     summaries = {name: run.metrics for name, run in runs.items()}

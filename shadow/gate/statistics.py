@@ -14,7 +14,7 @@ the windows drawn (TPOT P95: the P95 over requests, not a mean of window P95s).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,7 +175,8 @@ def paired_percentile_bootstrap(
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(np.percentile(arms[1].values, q) / np.percentile(arms[0].values, q))
         samples = np.empty(resamples, dtype=np.float64)
-        size = max(arm.values.size for arm in arms)
+        # a resample's cells: its window counts, checkpoint counts and one segment
+        size = n + max(arm.segment + arm.ends.shape[0] for arm in arms)
         for start, stop, idx in _draws(resamples, n, block, seed, size):
             rows = stop - start
             flat = (np.arange(rows)[:, None] * n + idx).ravel()
@@ -186,40 +187,117 @@ def paired_percentile_bootstrap(
 
 
 class _Pooled:
-    """One arm's per-request values of every window, sorted once, each with its window."""
+    """One arm's per-request values of every window, sorted once, each with its window.
+
+    A resample's percentile is the value at a rank of the multiset its draws pool. The
+    rank is found in two steps so a resample costs O(windows x checkpoints + segment), not
+    O(requests): the pooled values are cut into segments of `segment` values, each
+    checkpoint (a segment's end) knows how many values of each window lie before it, so
+    one matrix product gives every resample's cumulative count at every checkpoint; only
+    the segment holding the rank is then counted value by value. Exact: the same value
+    as `np.percentile` of the multiset (tests/test_gate_statistics.py). Segments of
+    sqrt(windows x values) / 16 measured fastest (the product runs in BLAS, the count
+    does not): a day of 2,880 windows x 300 requests, 1,000 resamples, ten arms, 2 s
+    where counting every value took 118 s.
+    """
 
     def __init__(self, per_window: list[np.ndarray]) -> None:
         values = np.concatenate(per_window) if per_window else np.empty(0)
         label = np.repeat(np.arange(len(per_window)), [v.size for v in per_window])
-        order = np.argsort(values, kind="stable")
+        order = np.argsort(values)  # ties: any order, the same value at every rank
         self.values, self.label = values[order], label[order]
         finite = np.isfinite(self.values)
         self.values, self.label = self.values[finite], self.label[finite]
+        windows, size = len(per_window), self.values.shape[0]
+        # a resample costs windows x checkpoints (size / segment) in BLAS + segment counted
+        self.segment = min(max(1, size), max(1, math.isqrt(windows * size) // 16))
+        ends = np.arange(self.segment, size, self.segment)  # checkpoint k: values < ends[k]
+        # before[w, k]: how many of window w's values the first ends[k] pooled ones hold
+        first_after = np.searchsorted(ends, np.arange(size), side="right")
+        keep = first_after < ends.shape[0]
+        cells = self.label[keep] * ends.shape[0] + first_after[keep]
+        before = np.bincount(cells, minlength=windows * ends.shape[0]).astype(np.float64)
+        before = np.cumsum(before.reshape(windows, ends.shape[0]), axis=1)
+        self.ends, self.before = ends, before
 
     def percentile(self, counts: np.ndarray, q: float) -> np.ndarray:
         """Per row of `counts` (how often each window was drawn), the linear-interpolated
         percentile of the multiset those draws pool, as `np.percentile` computes it."""
-        cum = np.cumsum(counts[:, self.label], axis=1)  # (rows, values), nondecreasing
-        total = cum[:, -1]
+        total = counts @ np.bincount(self.label, minlength=counts.shape[1]).astype(np.int64)
         h = (total - 1) * (q / 100.0)
         below = np.floor(h)
         frac = h - below
-        low = _value_at(self.values, cum, below)
-        high = _value_at(self.values, cum, np.minimum(below + 1, total - 1))
+        at_checkpoint = counts.astype(np.float64) @ self.before  # (rows, checkpoints)
+        low = self._value_at(counts, at_checkpoint, below)
+        high = self._value_at(counts, at_checkpoint, np.minimum(below + 1, total - 1))
         out = low + frac * (high - low)
         return np.where(total > 0, out, np.nan)
 
-
-def _value_at(values: np.ndarray, cum: np.ndarray, rank: np.ndarray) -> np.ndarray:
-    """The value at 0-based `rank` of each row's multiset (`cum`: cumulative counts)."""
-    index = (cum <= rank[:, None]).sum(axis=1)
-    return values[np.minimum(index, values.shape[0] - 1)]
+    def _value_at(self, counts: np.ndarray, at_checkpoint: np.ndarray, rank: np.ndarray):
+        """Per row, the value at 0-based `rank` of its multiset: the first pooled value
+        whose cumulative count exceeds the rank."""
+        rows, size = counts.shape[0], self.values.shape[0]
+        # the segment holding it: after the checkpoints whose cumulative count is <= rank
+        segment = (at_checkpoint <= rank[:, None]).sum(axis=1)
+        start, offset = np.zeros(rows, dtype=np.int64), np.zeros(rows)
+        passed = segment > 0
+        if passed.any():
+            start[passed] = self.ends[segment[passed] - 1]
+            offset[passed] = at_checkpoint[np.flatnonzero(passed), segment[passed] - 1]
+        positions = start[:, None] + np.arange(self.segment)[None, :]
+        inside = positions < size
+        labels = self.label[np.minimum(positions, size - 1)]
+        weights = np.where(inside, np.take_along_axis(counts, labels, axis=1), 0)
+        cum = offset[:, None] + np.cumsum(weights, axis=1)
+        index = start + (cum <= rank[:, None]).sum(axis=1)
+        return self.values[np.minimum(index, size - 1)]
 
 
 def _zero_ratio(numerator: float) -> float:
     if numerator == 0:
         return math.nan
     return math.inf if numerator > 0 else -math.inf
+
+
+#: the window metric that weighs each window's value in the arm's mean (GATE.md): the
+#: run's busy seconds for throughput (tokens over busy time, as a replay's tokens over its
+#: makespan), its steps for imbalance (the mean over steps)
+WEIGHTS = {"throughput_tok_s": "busy_s", "imbalance_mean": "steps"}
+
+
+def estimate_ratio(
+    key: str,
+    incumbent: Mapping[str, np.ndarray],
+    other: Mapping[str, np.ndarray],
+    incumbent_tpot: Sequence[Sequence[float] | np.ndarray | None] = (),
+    other_tpot: Sequence[Sequence[float] | np.ndarray | None] = (),
+    *,
+    resamples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    block: int = 1,
+) -> BootstrapResult:
+    """The other / incumbent ratio of window metric `key` as the truth measures it
+    (GATE.md), the one estimate the gate and the UI's table both give: TPOT P95 over the
+    per-request TPOTs of the windows pooled, throughput and imbalance weighted means
+    (`WEIGHTS`). `incumbent`/`other`: per-window arrays of each arm's metrics, paired by
+    position. A window without what that needs (per-request TPOTs, busy seconds: stored
+    before they were) is left out; evidence with none of it falls back to the ratio of
+    window sums."""
+    inc, cand = incumbent[key], other[key]
+    common = dict(resamples=resamples, confidence=confidence, seed=seed, block=block)
+    if key == "tpot_p95_ms":
+        pairs = zip(incumbent_tpot, other_tpot, strict=True)
+        if any(x is not None and y is not None for x, y in pairs):
+            return paired_percentile_bootstrap(incumbent_tpot, other_tpot, q=95.0, **common)
+    weight = WEIGHTS.get(key)
+    if weight is not None:
+        w_inc, w_other = incumbent[weight], other[weight]
+        if np.isfinite(w_inc).any() and np.isfinite(w_other).any():
+            return paired_ratio_bootstrap(
+                inc, cand, incumbent_weight=w_inc, candidate_weight=w_other, **common
+            )
+    return paired_ratio_bootstrap(inc, cand, **common)
 
 
 def histogram_text(samples: np.ndarray, bins: int = 20, width: int = 40) -> str:

@@ -63,11 +63,7 @@ from shadow.gate.report import (
     MetricRow,
     fmt,
 )
-from shadow.gate.statistics import (
-    BootstrapResult,
-    paired_percentile_bootstrap,
-    paired_ratio_bootstrap,
-)
+from shadow.gate.statistics import BootstrapResult, estimate_ratio
 from shadow.gate.thresholds import GATE_METRICS, Thresholds
 
 # Which finding decides among several of the same verdict (the rest are named after it).
@@ -614,48 +610,36 @@ def _report(
     return GateReport(verdict, EXIT_CODES[verdict], sentence, rows, boot, ev, t)
 
 
-#: the window metric that weighs each window's value in the arm's mean (GATE.md): the
-#: run's busy seconds for throughput (tokens over busy time, as a replay's tokens over its
-#: makespan), its steps for imbalance (the mean over steps)
-_WEIGHTS = {"throughput_tok_s": "busy_s", "imbalance_mean": "steps"}
-
-
 def _estimate(a: _Arrays, key: str, arm: str, t: Thresholds, block: int) -> BootstrapResult:
-    """The `arm` / incumbent ratio of `key` as the truth measures it (GATE.md): TPOT P95
-    over the requests of the windows pooled, throughput and imbalance weighted means.
-    A window without what that needs (per-request TPOTs, busy seconds: stored before
-    they were) is left out; evidence with none of it falls back to the ratio of window
-    means."""
-    inc, other = a.inc[key], a.arm(arm)[key]
-    common = dict(resamples=t.bootstrap_resamples, confidence=t.confidence, seed=t.seed,
-                  block=block)  # fmt: skip
-    if key == "tpot_p95_ms":
-        pooled_inc, pooled_other = a.tpot.get("incumbent", []), a.tpot.get(arm, [])
-        pairs = zip(pooled_inc, pooled_other, strict=True)
-        if any(x is not None and y is not None for x, y in pairs):
-            return paired_percentile_bootstrap(pooled_inc, pooled_other, q=95.0, **common)
-    weight = _WEIGHTS.get(key)
-    if weight is not None:
-        w_inc, w_other = a.inc[weight], a.arm(arm)[weight]
-        if np.isfinite(w_inc).any() and np.isfinite(w_other).any():
-            return paired_ratio_bootstrap(
-                inc, other, incumbent_weight=w_inc, candidate_weight=w_other, **common
-            )
-    return paired_ratio_bootstrap(inc, other, **common)
+    """The `arm` / incumbent ratio of `key` as the truth measures it (`estimate_ratio`)."""
+    return estimate_ratio(
+        key, a.inc, a.arm(arm), a.tpot.get("incumbent", []), a.tpot.get(arm, []),
+        resamples=t.bootstrap_resamples, confidence=t.confidence, seed=t.seed, block=block,
+    )  # fmt: skip
+
+
+def past_warmup(
+    window_index: int, run_start: int | None, run_start_held: int | None, warmup: int
+) -> bool:
+    """Whether a window is evidence: not among the first `warmup` windows after a start
+    of the continuous runs from a fleet that held requests (it still holds what the
+    incumbent placed). Windows replayed on their own (no `run_start`), and those of runs
+    started from an empty fleet (nothing placed, so nothing to wash out: a full replay
+    measures that ramp-up too), all are."""
+    return run_start is None or run_start_held == 0 or window_index - run_start >= warmup
 
 
 def after_warmup(evidence: Evidence, warmup: int) -> Evidence:
-    """The evidence without the first `warmup` windows after each start of the
-    continuous runs from a fleet that held requests (it still holds what the incumbent
-    placed); windows replayed on their own (no `run_start`), and those of runs started
-    from an empty fleet (nothing placed, so nothing to wash out: a full replay measures
-    that ramp-up too), are all kept."""
+    """The evidence without its warm-up windows (`past_warmup`)."""
     kept = tuple(
         w
         for w in evidence.windows
-        if getattr(w, "run_start", None) is None
-        or getattr(w, "run_start_held", None) == 0
-        or w.window_index - w.run_start >= warmup
+        if past_warmup(
+            w.window_index,
+            getattr(w, "run_start", None),
+            getattr(w, "run_start_held", None),
+            warmup,
+        )
     )
     if len(kept) == len(evidence.windows):
         return evidence

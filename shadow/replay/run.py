@@ -86,9 +86,10 @@ def replay_policy(
     seed: int = 0,
     config: BalanceRouteConfig | None = None,
     progress: ProgressCallback | None = None,
+    decide_on_arrival: bool = False,
 ) -> PolicyRun:
     """Replay `workload` under the policy named `policy` (built fresh with `seed` and, for
-    BR, `config`) and summarise it."""
+    BR, `config`) and summarise it (`decide_on_arrival`: as `replay.engine.replay`)."""
     result = replay(
         workload,
         make_policy(policy, seed=seed, config=config),
@@ -96,6 +97,7 @@ def replay_policy(
         batch=batch,
         step_model=step_model,
         progress=progress,
+        decide_on_arrival=decide_on_arrival,
     )
     return PolicyRun(policy, result, summarize(result))
 

@@ -233,7 +233,9 @@ def summary_inputs(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """What the comparison table is computed from, over the windows starting in
     `[since, until)` (or `indices`): their span, requests and mean fidelities, and the
-    per-policy `metrics` of each as columns."""
+    per-policy `metrics` of each as columns, with the per-request TPOTs (`tpot_ms`) and
+    the window's continuous-run start (`run_start`, `run_start_held`) the gate's
+    estimate needs."""
     if indices is not None:
         where = "w.fleet = :fleet AND w.window_index IN (SELECT unnest(:indices))"
         params: dict[str, Any] = {"fleet": fleet, "indices": indices or [-1]}
@@ -247,7 +249,8 @@ def summary_inputs(
     )[0]
     native = re.sub(r":(\w+)", r"$\1", where)  # DuckDB's own placeholders
     columns = reader.columns(
-        f"SELECT m.window_index, m.policy, {', '.join('m.' + m for m in metrics)} "
+        f"SELECT m.window_index, m.policy, {', '.join('m.' + m for m in metrics)}, "
+        "m.tpot_ms, w.run_start, w.run_start_held "
         "FROM window_metrics m JOIN windows w ON m.fleet = w.fleet AND "
         f"m.window_index = w.window_index WHERE {native}",
         params,

@@ -141,8 +141,14 @@ def encode_tpot(values: np.ndarray | None) -> bytes | None:
     return np.ascontiguousarray(values, dtype="<f4").tobytes()
 
 
-def decode_tpot(blob: bytes | None) -> tuple[float, ...] | None:
-    """What `encode_tpot` stored, as floats (None: not stored)."""
+def decode_tpot_array(blob: bytes | None) -> np.ndarray | None:
+    """What `encode_tpot` stored, as a float64 array (None: not stored)."""
     if blob is None:
         return None
-    return tuple(np.frombuffer(blob, dtype="<f4").astype(np.float64).tolist())
+    return np.frombuffer(blob, dtype="<f4").astype(np.float64)
+
+
+def decode_tpot(blob: bytes | None) -> tuple[float, ...] | None:
+    """What `encode_tpot` stored, as floats (None: not stored)."""
+    values = decode_tpot_array(blob)
+    return None if values is None else tuple(values.tolist())

@@ -41,6 +41,7 @@ def summary(
         "t_start": clean(windows["t0"]),
         "t_end": clean(windows["t1"]),
         "windows": table["windows"],
+        "evidence_windows": table["evidence_windows"],
         "requests": int(windows["requests"] or 0),
         "rows": [{k: clean(v) for k, v in row.items()} for row in table["rows"]],
         "fidelity": {"imbalance": clean(windows["fi"]), "step": clean(windows["fs"])},
@@ -95,8 +96,8 @@ def windows(
 def fleet_summary(
     fleet: str, state: State, since: float | None = None, until: float | None = None
 ) -> dict[str, Any]:
-    """The paper-style table: each policy's mean window metrics and ratios to the
-    incumbent's replay with paired bootstrap 95% CIs over windows."""
+    """The paper-style table: each policy's mean window metrics, and its ratios to the
+    incumbent's replay as the gate estimates them (95% CIs over windows)."""
     return summary(state, fleet, since, until)
 
 
