@@ -4,6 +4,8 @@ process tree."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 
 
@@ -47,3 +49,25 @@ def cpu_seconds(pid: int) -> float | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None  # not glibc
+
+
+def return_free_heap() -> bool:
+    """Hand the free memory inside glibc's heaps back to the OS (`malloc_trim(0)`); False
+    where there is no glibc. A freed block stays resident until then, so a peak of
+    short-lived arrays is kept for good: the window worker held 190 MiB free but resident
+    after the first window's evaluation at G = 64 (its Python objects: 40 MiB)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
