@@ -259,11 +259,37 @@ class Sample:
 
 
 def _processes(pid: int) -> dict[str, int]:
-    """The ingesting process and its worker processes, by role (`server`, `worker-N`)."""
+    """The ingesting process and its worker processes: `server`, `worker-N` in the order
+    they started (the audit worker starts with the service, the window worker at the
+    first due window: worker-0 and worker-1), and multiprocessing's `resource-tracker`.
+    Numbered by start time, a label names the same process in every sample."""
     found = {"server": pid}
-    for n, child in enumerate(p for p in process_tree(pid) if p != pid):
-        found[f"worker-{n}"] = child
+    children = sorted((_started(p), p) for p in process_tree(pid) if p != pid)
+    workers = 0
+    for _, child in children:
+        if _is_resource_tracker(child):
+            found["resource-tracker"] = child
+        else:
+            found[f"worker-{workers}"] = child
+            workers += 1
     return found
+
+
+def _started(pid: int) -> int:
+    """Clock ticks after boot at which `pid` started (0: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+        return 0
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"resource_tracker" in cmdline.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
 
 
 def _footprint(pid: int) -> tuple[dict[str, float], dict[str, float]]:
