@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
+from shadow.service.footprint import HeapTrimmer
 from shadow.service.heaptrace import start_heap_trace
 from shadow.service.interpreter import tune_interpreter
 from shadow.service.plugins import import_policy_modules
@@ -56,6 +57,7 @@ def _audit_init(
     import_policy_modules(policy_modules)
     start_worker(config, invariants, sweep)
     tune_interpreter()
+    HeapTrimmer().start()
     start_heap_trace("audit")
 
 
