@@ -247,6 +247,10 @@ class Sample:
     #: evaluated once every request in it has finished (~one request's life after its end)
     windows: int = 0
     window_end_s: float | None = None
+    #: DuckDB's own memory (`duckdb_memory()`, summed over its tags; bounded by its
+    #: `memory_limit`), part of the server's resident memory: tells its buffer pool
+    #: filling from Python objects growing (None: not read)
+    duckdb_mib: float | None = None
 
     @property
     def counterfactual_lag_s(self) -> float | None:
@@ -255,11 +259,37 @@ class Sample:
 
 
 def _processes(pid: int) -> dict[str, int]:
-    """The ingesting process and its worker processes, by role (`server`, `worker-N`)."""
+    """The ingesting process and its worker processes: `server`, `worker-N` in the order
+    they started (the audit worker starts with the service, the window worker at the
+    first due window: worker-0 and worker-1), and multiprocessing's `resource-tracker`.
+    Numbered by start time, a label names the same process in every sample."""
     found = {"server": pid}
-    for n, child in enumerate(p for p in process_tree(pid) if p != pid):
-        found[f"worker-{n}"] = child
+    children = sorted((_started(p), p) for p in process_tree(pid) if p != pid)
+    workers = 0
+    for _, child in children:
+        if _is_resource_tracker(child):
+            found["resource-tracker"] = child
+        else:
+            found[f"worker-{workers}"] = child
+            workers += 1
     return found
+
+
+def _started(pid: int) -> int:
+    """Clock ticks after boot at which `pid` started (0: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+        return 0
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"resource_tracker" in cmdline.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
 
 
 def _footprint(pid: int) -> tuple[dict[str, float], dict[str, float]]:
@@ -373,11 +403,12 @@ def _stored_windows(runtime: Runtime) -> tuple[int, float | None]:
 
 def _line(path: str, s: Sample) -> str:
     rss = " + ".join(f"{role} {mib:,.0f}" for role, mib in s.rss_mib.items())
+    duck = "" if s.duckdb_mib is None else f" (DuckDB {s.duckdb_mib:,.0f} of the server's)"
     windows = "" if s.window_end_s is None else (
         f", {s.windows} windows (the latest ends {s.counterfactual_lag_s:.0f} s ago)")  # fmt: skip
     return (f"{path} {s.fleet_s:5.0f} s of fleet time at {s.wall_s:6.1f} s wall: "
             f"{s.events:,} events, audit {s.audit_lag_s:.2f} s behind, source "
-            f"{s.behind_s:.2f} s behind{windows}; RSS MiB {rss}")  # fmt: skip
+            f"{s.behind_s:.2f} s behind{windows}; RSS MiB {rss}{duck}")  # fmt: skip
 
 
 # -- pass 3: over HTTP at the fleet's pace --------------------------------------------
@@ -422,6 +453,12 @@ def _metric(text: str, name: str) -> float:
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def _metric_sum(text: str, name: str) -> float:
+    """The sum of a labelled metric's series (every `tag` of DuckDB's memory)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{"))  # fmt: skip
 
 
 @dataclass
@@ -495,8 +532,9 @@ def ingest_http(
                 used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
                 with acked.lock:
                     events, behind = acked.events, max(acked.behind_s.values(), default=0.0)
+                duck = _metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
                 sample = Sample(next_sample, time.monotonic() - started, events, lag, behind,
-                                used, rss, windows, window_end)  # fmt: skip
+                                used, rss, windows, window_end, duck)  # fmt: skip
                 samples.append(sample)
                 note(_line("http", sample))
                 next_sample += SAMPLE_S
@@ -508,8 +546,9 @@ def ingest_http(
             cpu, rss = _footprint(pid)
             used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
             behind = max(acked.behind_s.values(), default=0.0)
+            duck = _metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
             samples.append(Sample(recording.fleet_seconds, sent_s, acked.events, end_lag,
-                                  behind, used, rss, windows, window_end))  # fmt: skip
+                                  behind, used, rss, windows, window_end, duck))  # fmt: skip
             note(_line("http (sent)", samples[-1]))
             client.post("/v1/flush").raise_for_status()
             seconds = time.monotonic() - started

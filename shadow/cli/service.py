@@ -89,10 +89,12 @@ def serve(
             f"{url}/v1/demo"
         )
     console.print("  Ctrl-C stops everything")
+    from shadow.service.heaptrace import start_heap_trace
     from shadow.world.demo_companion import DemoCompanion
 
     service = create_app(settings, DemoCompanion.from_settings(settings) if demo else None)
     tune_interpreter()
+    start_heap_trace("server")
     uvicorn.run(service, host=settings.host, port=settings.port, log_level="warning")
 
 

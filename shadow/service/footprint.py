@@ -4,7 +4,10 @@ process tree."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import threading
 
 
 def resident_bytes(pid: int) -> int | None:
@@ -47,3 +50,59 @@ def cpu_seconds(pid: int) -> float | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None  # not glibc
+
+
+def return_free_heap() -> bool:
+    """Hand the free memory inside glibc's heaps back to the OS (`malloc_trim(0)`); False
+    where there is no glibc. A freed block stays resident until then, so a peak of
+    short-lived arrays is kept for good: the window worker held 190 MiB free but resident
+    after the first window's evaluation at G = 64 (its Python objects: 40 MiB)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+#: seconds between trims of a long-lived process's heap (`HeapTrimmer`)
+TRIM_EVERY_S = 10.0
+
+
+class HeapTrimmer:
+    """Returns a process's free heap to the OS every `every_s` seconds, from a thread of
+    its own (`malloc_trim` runs without the GIL). The server's many threads (HTTP, ingest,
+    commits, DuckDB) each allocate in a glibc arena of their own, and what a burst freed
+    stays resident in it: at G = 256 the server's free-but-resident heap grew from 30 to
+    132 MiB in 150 s of ingest while its live objects held steady, the audit worker's to
+    30 MiB."""
+
+    def __init__(self, every_s: float = TRIM_EVERY_S) -> None:
+        self.every_s = every_s
+        self.trims = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="heap-trim")
+
+    def start(self) -> HeapTrimmer:
+        if _libc() is not None:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            if return_free_heap():
+                self.trims += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)

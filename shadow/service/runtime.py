@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 from sqlalchemy.exc import DBAPIError
 
+from shadow.service.footprint import HeapTrimmer
 from shadow.service.ingest.pipeline import Pipeline
 from shadow.service.plugins import import_policy_modules
 from shadow.service.retention import Retention
@@ -82,6 +83,7 @@ class Runtime:
         #: archive runs to Parquet (scheduled when `[storage] retention_days` is set)
         self.retention = Retention(self.store, self.pipeline.committer, settings.storage)
         self.retention.start()
+        self.heap_trimmer = HeapTrimmer().start()
 
     def worker_pids(self) -> dict[str, list[int]]:
         """The live worker processes, by role (`audit`, `windows`)."""
@@ -92,6 +94,7 @@ class Runtime:
         return roles
 
     def close(self) -> None:
+        self.heap_trimmer.close()
         self.retention.close()
         try:
             if not self.pipeline.broken:

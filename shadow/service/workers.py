@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
+from shadow.service.footprint import HeapTrimmer
+from shadow.service.heaptrace import start_heap_trace
 from shadow.service.interpreter import tune_interpreter
 from shadow.service.plugins import import_policy_modules
 from shadow.stream.audit import AuditConfig, start_worker
@@ -55,6 +57,8 @@ def _audit_init(
     import_policy_modules(policy_modules)
     start_worker(config, invariants, sweep)
     tune_interpreter()
+    HeapTrimmer().start()
+    start_heap_trace("audit")
 
 
 def _window_init(policy_modules: tuple[str, ...] = ()) -> None:
@@ -62,6 +66,7 @@ def _window_init(policy_modules: tuple[str, ...] = ()) -> None:
     ignore_stop_signals()
     import_policy_modules(policy_modules)
     tune_interpreter()
+    start_heap_trace("windows")
 
 
 def audit_worker(

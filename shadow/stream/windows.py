@@ -57,6 +57,7 @@ from shadow.stream.mirror import FleetMirror
 from shadow.stream.trajectory import Trajectory, bucket
 from shadow.stream.window_metrics import (  # WINDOW_METRICS: re-exported, as before
     WINDOW_METRICS,  # noqa: F401
+    SealedSteps,
     observed_window,
     span_metrics,
     tpot_inside,
@@ -108,6 +109,8 @@ class _Window:
     capacity: tuple[int, ...] = ()
     #: (worker index, its own step number) -> (start s, duration ms, kv tokens, running)
     steps: dict[tuple[int, int], tuple[float, float, int, int]] = field(default_factory=dict)
+    #: `steps` as columns once none can come (two windows later), `steps` then emptied
+    sealed: SealedSteps | None = None
     history: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     history_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     #: dispatches that landed exactly on a step boundary, and those in the middle of a step
@@ -390,6 +393,16 @@ class WindowTracker:
         self.current = window
         self._count += 1
         self._next_boundary = t_start + self.config.length_s
+        self._seal(window.index - 2)
+
+    def _seal(self, index: int) -> None:
+        """A step goes to the open window or the one before it (`on_engine_step`), so
+        once two later windows are open, window `index` holds all of its steps: keep
+        them as columns while it waits for its requests to finish."""
+        window = self.windows.get(index)
+        if window is not None and window.sealed is None:
+            window.sealed = SealedSteps.of(window.steps, window.t_start)
+            window.steps = {}
 
     def _reopen(self, window: _Window) -> None:
         """Take the start state of a window that holds nothing yet again, from now."""
@@ -567,7 +580,8 @@ class WindowTracker:
 
     def _observed(self, window: _Window) -> tuple[dict[str, float], Trajectory]:
         assert window.t_end is not None
+        steps = window.sealed if window.sealed is not None else window.steps
         return observed_window(
-            window.steps, window.t_start, window.t_end, len(window.workers),
+            steps, window.t_start, window.t_end, len(window.workers),
             window.request_ids(), window.pool + window.arrivals, self.requests,
         )  # fmt: skip

@@ -17,6 +17,7 @@ import numpy as np
 
 from shadow.analysis.stepmodel import fit_step_model
 from shadow.replay.workload import StepModel
+from shadow.service.footprint import return_free_heap
 from shadow.service.ingest.apply import FleetState
 from shadow.service.store import ServiceStore
 from shadow.stream.continuous import ContinuousCounterfactuals
@@ -39,6 +40,16 @@ def evaluate_continuous(owner: str, spec: WindowSpec) -> WindowResult:
     if runs is None:
         runs = _CONTINUOUS[key] = ContinuousCounterfactuals(spec.fleet)
     return runs.evaluate(spec)
+
+
+def evaluate_in_worker(evaluate: Callable[..., WindowResult], *args: object) -> WindowResult:
+    """`evaluate(*args)` in the window worker process, then its free heap handed back: an
+    evaluation's arrays are short-lived and large (a continuous run's first window peaks
+    at hundreds of MiB), and glibc would keep what they held resident for good."""
+    try:
+        return evaluate(*args)
+    finally:
+        return_free_heap()
 
 
 class WindowScheduler:
@@ -120,7 +131,7 @@ class WindowScheduler:
                     else:
                         self._store(state, result, fitted)
                 else:
-                    future = self.executor.submit(*job)
+                    future = self.executor.submit(evaluate_in_worker, *job)
                     future.fitted = fitted  # type: ignore[attr-defined]
                     future.index = index  # type: ignore[attr-defined]
                     self._pending.append((state, future))
