@@ -128,9 +128,9 @@ def run_demo(
     fleet has drained, the last window closed as the evidence's last (`POST /v1/flush
     ?final=true`: the continuous runs drain in it, as a full replay does) and stored;
     then its summary table."""
-    config = db.with_suffix(".toml")
-    config.write_text(f"demo_traffic_s = {seconds!r}\n")
-    server = ServerProcess(db, config, demo=True).start()
+    # an environment setting, not a config file: with one, the demo's 10 s windows go
+    traffic = {"SHADOW_DEMO_TRAFFIC_S": repr(float(seconds))}
+    server = ServerProcess(db, demo=True, env=traffic).start()
     try:
         time.sleep(seconds)
         with httpx.Client(base_url=server.url, timeout=120.0) as client:
