@@ -31,9 +31,10 @@ def _workload(load: float) -> Workload:
     return retime(work, load=load, workers=WORKERS, batch=BATCH, step_model=MODEL)
 
 
-def _windows(work: Workload) -> list:
-    """Each 30 s of arrivals as one window of the continuous runs, the last one final."""
-    runs = ContinuousCounterfactuals("f")
+def _windows(work: Workload, models=None, runs: ContinuousCounterfactuals | None = None) -> list:
+    """Each 30 s of arrivals as one window of the continuous runs, the last one final;
+    `models(k)`: window k's refit and whether it is a fit (default: MODEL, fitted)."""
+    runs = runs or ContinuousCounterfactuals("f")
     ready = work.ready_s
     count = math.ceil(float(ready[-1]) / WINDOW_S) + 1
     results = []
@@ -44,9 +45,10 @@ def _windows(work: Workload) -> list:
             f"w{k}", ready[take] - t0, work.prompt_tokens[take], work.output_tokens[take],
             work.prompt_keys[take],
         )  # fmt: skip
+        model, fitted = models(k) if models is not None else (MODEL, True)
         spec = WindowSpec(
             fleet="f", index=k, t_start=t0, t_end=t1, workers=WORKERS, batch=BATCH,
-            step_model=MODEL, policies=POLICIES, incumbent="jsq-pool",
+            step_model=model, step_model_fitted=fitted, policies=POLICIES, incumbent="jsq-pool",
             balance_route=BalanceRouteConfig(), initial=(), arrivals=arrivals,
             observed=dict.fromkeys(WINDOW_METRICS, math.nan),
             history=np.empty(0, dtype=np.int64), imputed=0, final=k == count - 1,
@@ -114,3 +116,39 @@ def test_the_busy_clock_sums_to_each_runs_makespan():
         assert busy.sum() == pytest.approx(truth["makespan_s"], rel=1e-12)
         makespans.add(round(truth["makespan_s"], 3))
     assert len(makespans) > 1  # the policies do finish at different times
+
+
+def test_the_runs_keep_their_step_model_through_refits_within_the_threshold():
+    """A replay is a function of its step model: refits 0.3% apart (within
+    `step_model_restart`, 1%) leave the runs stepping, and the windows measuring, exactly
+    what one model gives; the windows carry that model."""
+    work = _workload(1.0)
+    fixed = _windows(work)
+
+    def refit(k: int) -> tuple[StepModel, bool]:
+        scale = 1.0 + 0.003 * (k % 2)  # window 0 (the start): MODEL itself
+        return StepModel(MODEL.a_ms_per_token * scale, MODEL.b_ms * scale), True
+
+    refitted = _windows(work, refit)
+    assert all(r.step_model == MODEL and r.run_start == 0 for r in refitted)
+    for one, other in zip(fixed, refitted, strict=True):
+        for policy in POLICIES:
+            assert one.metrics[policy] == pytest.approx(other.metrics[policy], nan_ok=True)
+
+
+def test_a_step_model_beyond_the_threshold_or_the_first_fit_starts_the_runs_again():
+    """As a capacity change would: a refit 5% slower from window 3 on starts the runs
+    there under it; a run started on the configured default moves to the first fit."""
+    work = _workload(1.0)
+    slower = StepModel(MODEL.a_ms_per_token * 1.05, MODEL.b_ms * 1.05)
+    runs = ContinuousCounterfactuals("f")
+    moved = _windows(work, lambda k: (MODEL if k < 3 else slower, True), runs)
+    assert [r.run_start for r in moved[:4]] == [0, 0, 0, 3]
+    assert {r.step_model for r in moved[3:]} == {slower} and runs.step_model_starts == 1
+    default = StepModel(MODEL.a_ms_per_token * 0.5, MODEL.b_ms * 0.5)
+    first_fit = _windows(work, lambda k: (default, False) if k < 2 else (MODEL, True))
+    assert [r.run_start for r in first_fit[:3]] == [0, 0, 2]
+    assert first_fit[0].step_model == default and first_fit[2].step_model == MODEL
+    # a default never replaces a fit
+    back = _windows(work, lambda k: (MODEL, True) if k < 2 else (default, False))
+    assert {r.run_start for r in back} == {0} and {r.step_model for r in back} == {MODEL}

@@ -1,24 +1,25 @@
 """What the README demo shows against the truth of its own traffic (`shadow bench demo`).
 
-The demo (`shadow serve --demo`, a real process on a scratch database) runs for a while;
-its comparison table (`GET /v1/fleets/{fleet}/summary`: BR-0 and BR-H against the
-incumbent's replay, estimated from the continuous counterfactual windows) is read, and
-the service stopped. The truth is the demo's own recorded arrivals (each request's ready
-time, prompt tokens and true output tokens, from the events in the database), over the
-evaluated windows' span, replayed end to end offline under each policy with the fleet
-(G, B) and the step model the service's counterfactuals used, through `shadow replay`'s
-path (`replay.run.replay_policy`), deciding each arrival on arrival as the demo's router
-does (and as the service replays windows whose arrivals land mid-step). Each ratio is
-judged with the bias test's tolerance (`bias.within_tolerance`) and its interval's
-coverage.
+The demo (`shadow serve --demo`, a real process on a scratch database) sends its traffic
+for a while (`demo_traffic_s`), its fleet drains, its last window is closed as the
+evidence's last (`POST /v1/flush?final=true`: the continuous runs drain in it, as a full
+replay runs until the fleet is empty); its comparison table (`GET /v1/fleets/{fleet}/
+summary`: BR-0 and BR-H against the incumbent's replay, estimated from the continuous
+counterfactual windows) is read, and the service stopped. The truth is the demo's own
+recorded arrivals (each request's ready time, prompt tokens and true output tokens, from
+the events in the database), over the evaluated windows' span, replayed end to end
+offline under each policy with the fleet (G, B) and the one step model the continuous
+runs stepped under (the windows' stored a and b; the runs keep the model they started
+with), through `shadow replay`'s path (`replay.run.replay_policy`), deciding each arrival
+on arrival as the demo's router does. Each ratio is judged with the bias test's tolerance
+(`bias.within_tolerance`) and its interval's coverage.
 
-Two more numbers say where a difference comes from. The windows refit the step model as
-engine steps come in, and a live stream has no last window to drain the runs; the same
-arrivals replayed under the windows' own step models, window by window and undrained
-(`as_the_windows_ran`), is what the table estimated (its imbalance ratio equals the
-table's). And the truth under each step model the windows fitted (first, median, last)
-says how far the truth itself moves with a step model that is off by a fraction of a
-percent: on the demo's 4 x 16 fleet after 3 minutes, further than the tolerance.
+Two more numbers say where a difference comes from: the same arrivals replayed as the
+windows ran them (`as_the_windows_ran`: fed window by window, drained in the last), which
+is what the table estimated; and the truth under the service's refits of the step model
+(first, median, last), which says how far the truth itself would move under a model off
+by a fraction of a percent (on the demo's 4 x 16 fleet, further than the tolerance: why
+the runs keep one).
 """
 
 from __future__ import annotations
@@ -55,13 +56,13 @@ class DemoCell:
     shown: float | None
     ci_low: float | None
     ci_high: float | None
-    #: `shadow replay` of the recorded arrivals under the last fitted step model, drained
+    #: `shadow replay` of the recorded arrivals under the runs' step model, drained
     truth: float
-    #: the truth's range over the step models the windows fitted (first, median, last)
+    #: the truth's range over that model and the service's refits (first, median, last)
     truth_low: float
     truth_high: float
-    #: imbalance only: the arrivals replayed as the windows ran them (their step models,
-    #: undrained); None for the other metrics
+    #: imbalance only: the arrivals replayed as the windows ran them (fed window by
+    #: window, drained in the last); None for the other metrics
     as_windows_ran: float | None = None
 
     @property
@@ -83,10 +84,15 @@ class Recording:
     workload: Workload
     workers: int
     batch: int
-    #: per evaluated window: its end (s from the first window's start), its step model
+    #: per evaluated window: its end (s from the first window's start), the step model
+    #: its continuous runs stepped under
     windows: tuple[tuple[float, StepModel], ...]
     #: arrivals in the windows' span without a finish when the demo stopped (left out)
     unfinished: int
+    #: the service's refits of the step model over the windows' span, in order
+    fits: tuple[StepModel, ...] = ()
+    #: the windows' run starts (one: the runs went on from the first window to the last)
+    run_starts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,16 +121,49 @@ class DemoCheck:
         }
 
 
-def run_demo(db: Path, seconds: float, fleet: str = "default") -> dict[str, Any]:
-    """`shadow serve --demo` on `db` for `seconds` of its traffic; its summary table."""
-    server = ServerProcess(db, demo=True).start()
+def run_demo(
+    db: Path, seconds: float, fleet: str = "default", drain_timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """`shadow serve --demo` on `db` with `seconds` of traffic (`demo_traffic_s`); once its
+    fleet has drained, the last window closed as the evidence's last (`POST /v1/flush
+    ?final=true`: the continuous runs drain in it, as a full replay does) and stored;
+    then its summary table."""
+    # an environment setting, not a config file: with one, the demo's 10 s windows go
+    traffic = {"SHADOW_DEMO_TRAFFIC_S": repr(float(seconds))}
+    server = ServerProcess(db, demo=True, env=traffic).start()
     try:
         time.sleep(seconds)
-        response = httpx.get(f"{server.url}/v1/fleets/{fleet}/summary", timeout=120.0)
-        response.raise_for_status()
-        return response.json()
+        with httpx.Client(base_url=server.url, timeout=120.0) as client:
+            last = _drained(client, fleet, drain_timeout_s)
+            client.post("/v1/flush", params={"final": "true"}).raise_for_status()
+            deadline = time.monotonic() + drain_timeout_s
+            while True:
+                response = client.get(f"/v1/fleets/{fleet}/summary")
+                response.raise_for_status()
+                summary = response.json()
+                if summary.get("t_end") is not None and summary["t_end"] >= last:
+                    return summary
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the demo's last window (to {last}) was not stored")
+                time.sleep(0.5)
+                client.post("/v1/flush").raise_for_status()  # stores finished windows
     finally:
         server.stop()
+
+
+def _drained(client: httpx.Client, fleet: str, timeout_s: float) -> float:
+    """Wait until the fleet holds nothing (no request running or waiting, twice a second
+    apart); the time of its last event."""
+    deadline, previous = time.monotonic() + timeout_s, False
+    while time.monotonic() < deadline:
+        client.post("/v1/flush").raise_for_status()  # apply what the reorder buffer holds
+        snap = client.get(f"/v1/fleets/{fleet}/snapshot").json()
+        empty = not snap["pool"] and not any(w["active"] for w in snap["workers"])
+        if empty and previous:
+            return float(snap["ts"])
+        previous = empty
+        time.sleep(1.0)
+    raise TimeoutError(f"the demo fleet did not drain within {timeout_s:g} s")
 
 
 def recorded(db: Path, summary: dict[str, Any], fleet: str = "default") -> Recording:
@@ -147,9 +186,14 @@ def recorded(db: Path, summary: dict[str, Any], fleet: str = "default") -> Recor
             {"fleet": fleet},
         )[0]
         windows = store.query(
-            "SELECT t_end, a_ms_per_token AS a, b_ms AS b FROM windows WHERE fleet = :fleet "
-            "AND t_start >= :t0 AND t_start < :t1 ORDER BY window_index",
+            "SELECT t_end, a_ms_per_token AS a, b_ms AS b, run_start FROM windows "
+            "WHERE fleet = :fleet AND t_start >= :t0 AND t_start < :t1 ORDER BY window_index",
             {"fleet": fleet, "t0": t0, "t1": t1},
+        )
+        fits = store.query(
+            "SELECT a_ms_per_token AS a, b_ms AS b FROM step_model_fits WHERE fleet = :fleet "
+            "AND NOT fallback AND fitted_at >= :t0 ORDER BY fitted_at",
+            {"fleet": fleet, "t0": t0},
         )
     finally:
         store.close()
@@ -162,7 +206,11 @@ def recorded(db: Path, summary: dict[str, Any], fleet: str = "default") -> Recor
         np.array([prompt_key_id(r["h"]) if r["h"] else int(NO_KEY) for r in done]),
     )
     steps = tuple((w["t_end"] - t0, StepModel(w["a"], w["b"])) for w in windows)
-    return Recording(workload, int(shape["g"]), int(shape["b"]), steps, len(rows) - len(done))
+    return Recording(
+        workload, int(shape["g"]), int(shape["b"]), steps, len(rows) - len(done),
+        tuple(StepModel(f["a"], f["b"]) for f in fits),
+        tuple(sorted({int(w["run_start"]) for w in windows if w["run_start"] is not None})),
+    )  # fmt: skip
 
 
 def truth(recording: Recording, policy: str, model: StepModel) -> dict[str, float]:
@@ -175,9 +223,9 @@ def truth(recording: Recording, policy: str, model: StepModel) -> dict[str, floa
 
 
 def as_the_windows_ran(recording: Recording, policy: str) -> float:
-    """The mean imbalance over the steps that start inside the windows, of the recorded
-    arrivals replayed as the continuous runs replayed them: fed window by window, each
-    window under its own step model, not drained past the last window's end."""
+    """The mean imbalance over the steps of the recorded arrivals replayed as the
+    continuous runs replayed them: fed window by window, each window under the step model
+    its runs used, drained in the last window (the evidence's last)."""
     r = recording
     arrivals = r.workload
     ready_ms = arrivals.ready_s * 1000.0
@@ -185,10 +233,10 @@ def as_the_windows_ran(recording: Recording, policy: str) -> float:
         make_policy(policy), workers=r.workers, batch=r.batch, step_model=r.windows[0][1],
         decide_on_arrival=True,
     )  # fmt: skip
-    added, starts, loads = 0, [], []
-    for end_s, model in r.windows:
+    added, loads = 0, []
+    for i, (end_s, model) in enumerate(r.windows):
         fleet.model = model
-        end_ms = end_s * 1000.0
+        end_ms = math.inf if i == len(r.windows) - 1 else end_s * 1000.0
         known = int(np.searchsorted(ready_ms, end_ms, side="left"))
         if known > added:
             fleet.add_requests(
@@ -198,11 +246,9 @@ def as_the_windows_ran(recording: Recording, policy: str) -> float:
             added = known
         fleet.advance(end_ms)
         block = fleet.take_steps()
-        starts.append(block.start_ms)
         loads.append(block.worker_load)
-    start, load = np.concatenate(starts), np.concatenate(loads)
-    inside = load[start < r.windows[-1][0] * 1000.0]
-    return float((inside.max(axis=1) - inside.min(axis=1)).mean())
+    load = np.concatenate(loads)
+    return float((load.max(axis=1) - load.min(axis=1)).mean())
 
 
 def check(db: Path, seconds: float = 180.0, fleet: str = "default") -> DemoCheck:
@@ -218,13 +264,20 @@ def compare(db: Path, summary: dict[str, Any], seconds: float, fleet: str = "def
         raise RuntimeError(f"the demo evaluated no window in {seconds:g} s")
     recording = recorded(db, summary, fleet)
     incumbent = summary["incumbent"]
-    fits = [model for _, model in recording.windows]
+    used = {model for _, model in recording.windows}
+    if len(used) != 1 or len(recording.run_starts) != 1:
+        raise RuntimeError(
+            f"the demo's continuous runs started {len(recording.run_starts)} times under "
+            f"{len(used)} step models: no single replay is their truth"
+        )
+    fits = list(recording.fits) or [recording.windows[-1][1]]
     median = StepModel(
         float(np.median([m.a_ms_per_token for m in fits])),
         float(np.median([m.b_ms for m in fits])),
     )
-    # the last fit is the one the runs ended on; first and median bound the truth's spread
-    models = (fits[-1], fits[0], median)
+    # the truth: the one model the runs stepped under; the service's first, median and
+    # last refits say how far the truth would move under another of them
+    models = (recording.windows[-1][1], fits[0], median, fits[-1])
     names = (incumbent, *POLICIES)
     truths = [{name: truth(recording, name, model) for name in names} for model in models]
     windows_ran = {name: as_the_windows_ran(recording, name) for name in names}
@@ -254,13 +307,13 @@ def table(result: DemoCheck) -> str:
         return "-" if value is None or math.isnan(value) else f"{value:.4f}"
 
     r, m = result.recording, result.step_model
-    fixed = [model.b_ms for _, model in r.windows]
+    fixed = [model.b_ms for model in r.fits] or [m.b_ms]
     lines = [
         f"demo after {result.seconds:g} s: {len(r.windows)} windows, {len(r.workload)} "
         f"recorded requests ({r.unfinished} unfinished, left out), G = {r.workers}, "
-        f"B = {r.batch}, incumbent {result.incumbent}; truth: `shadow replay` under the last "
-        f"fitted step model {m.a_ms_per_token:.3g} ms/token x max L + {m.b_ms:.3f} ms "
-        f"(the windows' fixed part {min(fixed):.3f}-{max(fixed):.3f} ms)",
+        f"B = {r.batch}, incumbent {result.incumbent}; truth: `shadow replay` under the runs' "
+        f"step model {m.a_ms_per_token:.3g} ms/token x max L + {m.b_ms:.3f} ms "
+        f"({len(r.fits)} refits, fixed part {min(fixed):.3f}-{max(fixed):.3f} ms)",
         f"{'metric':<11} {'policy':<13} {'demo shows':>10} {'interval':>19} "
         f"{'offline truth':>13}  within?  covered?  {'truth over fits':>17}  as windows ran",
     ]

@@ -206,6 +206,9 @@ class ServiceSettings(BaseModel):
     demo_batch: int = Field(16, ge=1)
     demo_time_scale: float = Field(0.3, gt=0)
     demo_load: float = Field(0.9, gt=0)
+    #: the demo's traffic stops after this many seconds (the fleet then drains: a check
+    #: against a full replay of what it sent); None loops the trace for as long as it runs
+    demo_traffic_s: float | None = Field(None, gt=0)
     #: what `--demo` runs: "emulator" (the default: no extra needed) or "vllm" (real vLLM
     #: servers of a tiny model, the tap and the plugin; needs the [vllm] extra)
     demo_world: Literal["emulator", "vllm"] = "emulator"

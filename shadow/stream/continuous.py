@@ -19,7 +19,18 @@ run's steps that start inside it, with the same definitions as the observed flee
 the gate's interval resamples blocks of consecutive windows and drops a warm-up after
 each start (GATE.md). A run starts again (and says so: `run_start`) only when it cannot
 go on: the first window, a window missing in between (a restart of the service, a window
-that failed), or a fleet whose worker set changed.
+that failed), a fleet whose worker set changed, the window after the evidence's last (the
+runs drained there), or a step model that moved.
+
+One step model per run: a replay is a function of its step model, and a run stepped
+under a sequence of refits estimates no single replay (on a small fleet, where an arrival
+lands in a step decides where it goes, fits 0.15% apart move the imbalance ratio by more
+than the bias test's tolerance). So the runs keep the model they started with (the first
+fit: a run started on the configured default moves to the first fit by starting again)
+and start again, as on a capacity change, only when a refit would have predicted a step
+they took more than `step_model_restart` (relative) differently. The windows they evaluate
+carry that model (`WindowResult.step_model`, the windows' stored a and b); every refit is
+stored on its own (`step_model_fits`).
 
 Exactness: `FleetReplay` waits at the frontier of the known arrivals and goes on exactly
 there, so a run fed window by window steps bit for bit as the whole replay of the same
@@ -37,6 +48,7 @@ import numpy as np
 from shadow.policies import Policy, make_aa_policy, make_policy
 from shadow.replay import InitialRequest
 from shadow.replay.engine import FleetReplay
+from shadow.replay.workload import StepModel
 from shadow.stream.aa import jitter_step_s, moved_to, worker_order
 from shadow.stream.guard import GuardedPolicy
 from shadow.stream.trajectory import Trajectory, bucket
@@ -121,6 +133,17 @@ class ContinuousCounterfactuals:
         self.run_start_held = 0
         #: how many times the runs had to start again
         self.starts = 0
+        #: the step model the runs step under (fixed from their start), and whether it is
+        #: a fit of the fleet's steps rather than the configured default
+        self.model: StepModel | None = None
+        self.model_fitted = False
+        #: the largest worker load (KV tokens) any run has stepped: a refit is judged on
+        #: the steps the runs took, 0 to this load
+        self.max_load = 0.0
+        #: how many of the starts a moved step model caused
+        self.step_model_starts = 0
+        #: the last window evaluated was the evidence's last: the runs drained in it
+        self.drained = False
 
     def evaluate(self, spec: WindowSpec) -> WindowResult:
         """Window `spec.index`'s metrics from the runs, after feeding them its arrivals."""
@@ -129,10 +152,16 @@ class ContinuousCounterfactuals:
             or self.last_index is None
             or spec.index != self.last_index + 1
             or spec.workers != self.workers
+            or self.drained
         )
+        if not fresh and self._step_model_moved(spec):
+            fresh = True
+            self.step_model_starts += 1
         if fresh:
             self._start(spec)
-        assert self.origin is not None
+        assert self.origin is not None and self.model is not None
+        model = self.model
+        self.drained = spec.final
         self.last_index = spec.index
         w0 = (spec.t_start - self.origin) * 1000.0
         w1 = (spec.t_end - self.origin) * 1000.0
@@ -151,13 +180,13 @@ class ContinuousCounterfactuals:
         errors: dict[str, tuple[int, str]] = {}
         tpot: dict[str, np.ndarray] = {}
         for run in self.runs:
-            run.fleet.model = spec.step_model
+            run.fleet.model = model
             slots = np.empty_like(capacity)
             slots[run.order] = capacity
             run.fleet.capacity[:] = slots
             times = ready
             if run.jitter is not None:  # A/A: up to one step later (stream/aa.py)
-                step_ms = 1000.0 * jitter_step_s(spec.observed, spec.step_model.b_ms)
+                step_ms = 1000.0 * jitter_step_s(spec.observed, model.b_ms)
                 times = ready + run.jitter.uniform(0.0, step_ms, ready.shape[0])
             # kept in ready order across windows (a jittered arrival may pass the next one)
             times = np.maximum.accumulate(np.maximum(times, run.last_ready_ms))
@@ -175,6 +204,8 @@ class ContinuousCounterfactuals:
             run.fleet.advance(until)
             run.steps.extend(run.fleet.take_steps())
             inside = run.steps.split(until)
+            if inside.load is not None and inside.load.size:
+                self.max_load = max(self.max_load, float(inside.load.max()))
             metrics[run.name], tpot[run.name] = self._measure(run, inside, w0, w1)
             if run.name != AA:
                 assert inside.load is not None
@@ -194,7 +225,7 @@ class ContinuousCounterfactuals:
             spec.t_end,
             len(arrivals) - first + (len(spec.initial) if fresh else 0),
             spec.imputed,
-            spec.step_model,
+            model,
             metrics,
             fidelity_imbalance,
             fidelity_step,
@@ -205,8 +236,27 @@ class ContinuousCounterfactuals:
             tpot_ms=tpot,
         )
 
+    def _step_model_moved(self, spec: WindowSpec) -> bool:
+        """Whether this window's step model replaces the runs': the first fit replaces the
+        configured default; a later fit, when it predicts a step the runs took (max load
+        0 to `max_load`; both models are linear in it, so the ends bound the change) more
+        than `step_model_restart` differently. A default never replaces a fit."""
+        if self.model is None or not spec.step_model_fitted:
+            return False
+        if not self.model_fitted:
+            return True
+        old, new = self.model, spec.step_model
+        loads = [load for load in (0.0, self.max_load) if old.step_ms(load) > 0]
+        change = max(
+            (abs(new.step_ms(load) - old.step_ms(load)) / old.step_ms(load) for load in loads),
+            default=0.0,
+        )
+        return change > spec.step_model_restart
+
     def _start(self, spec: WindowSpec) -> None:
-        """New runs from this window's observed start state."""
+        """New runs from this window's observed start state, under its step model."""
+        self.model = spec.step_model
+        self.model_fitted = spec.step_model_fitted
         self.origin = spec.t_start
         self.workers = spec.workers
         self.run_start = spec.index

@@ -81,6 +81,9 @@ class WindowConfig:
     #: window's arrivals (stream/continuous.py); "reset": each window replayed from its
     #: observed start with only its arrivals (kept to compare, and for a single window)
     mode: Literal["continuous", "reset"] = "continuous"
+    #: continuous runs keep the step model they started with; a refit that would predict
+    #: a step they took this much (relative) differently starts them again (GATE.md)
+    step_model_restart: float = field(default=0.01, metadata={"gt": 0})
 
 
 @dataclass
@@ -160,6 +163,10 @@ class WindowSpec:
     #: the evidence's last window (the end of a recorded log): no arrival follows, so
     #: continuous runs drain inside it
     final: bool = False
+    #: `step_model` is fitted from the fleet's steps (False: the configured default)
+    step_model_fitted: bool = True
+    #: WindowConfig.step_model_restart
+    step_model_restart: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -495,8 +502,9 @@ class WindowTracker:
                 ready.append(index)
         return ready
 
-    def spec(self, index: int, step_model: StepModel) -> WindowSpec:
-        """Build the spec of a due window and forget it."""
+    def spec(self, index: int, step_model: StepModel, fitted: bool = True) -> WindowSpec:
+        """Build the spec of a due window and forget it (`fitted`: `step_model` is a fit
+        of the fleet's steps, not the configured default)."""
         window = self.windows.pop(index)
         assert window.t_end is not None
         imputer = SurvivalPredictor()
@@ -555,6 +563,8 @@ class WindowTracker:
             history_keys=window.history_keys,
             pool=len(window.pool),
             final=window.final,
+            step_model_fitted=fitted,
+            step_model_restart=self.config.step_model_restart,
         )
 
     def close(self, t_end: float, *, final: bool = False) -> None:

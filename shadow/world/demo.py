@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from shadow.replay.workload import StepModel, Workload
 
 if TYPE_CHECKING:
@@ -31,6 +33,9 @@ class DemoPlan:
     fleet: str = "default"
     #: loop the bundled trace through the router (the demo); tests send their own
     traffic: bool = True
+    #: stop sending new requests this many seconds after the start (those in flight
+    #: finish, the fleet drains); None loops for as long as the demo runs
+    traffic_s: float | None = None
 
 
 def demo_workload(plan: DemoPlan) -> Workload:
@@ -69,9 +74,17 @@ async def _world(conn: Connection, plan: DemoPlan) -> None:
 
     async def traffic() -> None:
         rounds = 0
+        started = time.monotonic()
         while True:
+            this_round = workload
+            if plan.traffic_s is not None:  # the requests due before the stop, then none
+                left_s = plan.traffic_s - (time.monotonic() - started)
+                due = int(np.searchsorted(workload.ready_s / plan.time_scale, left_s))
+                if due <= 0:
+                    return
+                this_round = workload.head(due)
             await run_load(
-                addresses.router, workload, time_scale=plan.time_scale,
+                addresses.router, this_round, time_scale=plan.time_scale,
                 request_id_prefix=f"demo{boot}-{rounds}",
             )  # fmt: skip
             rounds += 1

@@ -49,6 +49,7 @@ class DemoCompanion:
             DemoPlan(
                 f"http://{host}:{settings.port}", workers, settings.demo_batch,
                 settings.demo_time_scale, settings.demo_load, settings.fleet,
+                traffic_s=settings.demo_traffic_s,
             ),
             settings.demo_world,
         )  # fmt: skip

@@ -32,15 +32,19 @@ class ServerProcess:
         port: int | None = None,
         own_group: bool = False,
         cwd: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """`own_group`: the server and its workers in a process group of their own, to be
         signalled together as Ctrl-C or `timeout` would (`signal_group`). `cwd`: where it
-        runs (a relative `db` is read from there; default the checkout)."""
+        runs (a relative `db` is read from there; default the checkout). `env`: variables
+        added to its environment (`SHADOW_*` settings beside the demo's defaults, which a
+        config file would replace)."""
         self.db = db
         self.config = config
         self.demo = demo
         self.own_group = own_group
         self.cwd = cwd or REPO
+        self.env = env or {}
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -58,7 +62,7 @@ class ServerProcess:
             cwd=self.cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             start_new_session=self.own_group,
         )
         deadline = time.monotonic() + timeout

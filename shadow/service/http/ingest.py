@@ -82,11 +82,13 @@ async def post_events(request: Request, state: State) -> JSONResponse:
 
 
 @router.post("/v1/flush")
-def flush(state: State) -> dict[str, Any]:
+def flush(state: State, final: bool = False) -> dict[str, Any]:
     """Apply everything the reorder window holds, close the window of an idle fleet,
-    and store the window replays that finished."""
+    and store the window replays that finished. `final=true`: the traffic has stopped
+    for good, so an idle fleet's last window drains the continuous runs (a full
+    replay's end: its last requests and makespan are part of what it measures)."""
     runtime = state.runtime
     flush_reorder_window(runtime)
-    runtime.pipeline.close_idle_windows()
+    runtime.pipeline.close_idle_windows(final=final)
     flush_reorder_window(runtime)
     return {"windows_evaluated": runtime.pipeline.windows_evaluated}

@@ -594,14 +594,16 @@ class Pipeline:
         """Store finished window evaluations (all of them with `wait`)."""
         return self._windows.collect(wait)
 
-    def close_idle_windows(self) -> None:
+    def close_idle_windows(self, final: bool = False) -> None:
         """End the open window of every fleet with nothing running or waiting: a quiet
-        fleet is a clean cut, and its last window can then be evaluated."""
+        fleet is a clean cut, and its last window can then be evaluated. With `final`
+        the caller says no arrival follows (a demo's or a test's traffic has stopped):
+        that window is the evidence's last, and the continuous runs drain in it."""
         with self.lock:
             for state in self.fleets.values():
                 mirror = state.mirror
                 if not mirror.pool and not any(w.active for w in mirror.order):
-                    state.tracker.close(mirror.now)
+                    state.tracker.close(mirror.now, final=final)
             if self.config.windows_enabled:
                 self._windows.schedule()
 

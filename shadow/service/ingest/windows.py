@@ -120,7 +120,7 @@ class WindowScheduler:
                 continue
             model, fitted = self.step_model(state)
             for index in fresh:
-                spec = tracker.spec(index, model)
+                spec = tracker.spec(index, model, fitted)
                 job = (evaluate_continuous, self.owner, spec) if self.continuous else (
                     evaluate_window, spec)  # fmt: skip
                 if self.executor is None:
