@@ -42,6 +42,7 @@ from shadow.world.emulator import QuietServer
 from shadow.world.event_wire import sink_fields
 from shadow.world.process import REPO, free_port
 from shadow.world.router import Router
+from shadow.world.tiny_model import TINY_HIDDEN, TINY_LAYERS
 
 ENV_PYTHON = "SHADOW_VLLM_PYTHON"
 SERVED_MODEL = "tiny"
@@ -96,14 +97,32 @@ def entry_point_dir(root: Path) -> Path:
     return root
 
 
-def build_model(python: str, directory: Path) -> Path:
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc), children before their children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = [c for p in frontier for c in children.get(p, [])]
+        found += below
+        frontier = below
+    return found
+
+
+def build_model(
+    python: str, directory: Path, hidden: int = TINY_HIDDEN, layers: int = TINY_LAYERS
+) -> Path:
     """The tiny model, built by vLLM's interpreter (it has `tokenizers`; ours need not)."""
     code = (
         "import sys; from pathlib import Path; from shadow.world.tiny_model import "
-        "build_tiny_model; build_tiny_model(Path(sys.argv[1]))"
+        "build_tiny_model; build_tiny_model(Path(sys.argv[1]), int(sys.argv[2]), "
+        "int(sys.argv[3]))"
     )
     subprocess.run(
-        [python, "-c", code, str(directory)],
+        [python, "-c", code, str(directory), str(hidden), str(layers)],
         check=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -117,6 +136,17 @@ class ServerSpec:
     dp: int = 1
     stream_interval: int | None = None
     max_model_len: int = 4096
+    #: `--distributed-executor-backend` (e.g. "uni": the model runs in the engine core's
+    #: own process, without a worker process and the shared-memory queue both sides of
+    #: which spin while a step runs); None: vLLM's default
+    executor: str | None = None
+    #: niceness of the server's engine processes once ready (0: as started). On a shared
+    #: CPU the engines' compute would take the cores from the processes under test (API
+    #: server, tap, router, service); a real engine has an accelerator of its own.
+    engine_nice: int = 0
+    #: OMP_NUM_THREADS for the server unless the environment sets it (None: leave it
+    #: unset, so vLLM picks: one torch thread per process for serving)
+    omp_threads: str | None = TINY_MODEL_OMP_THREADS
 
 
 class VllmServer:
@@ -165,6 +195,8 @@ class VllmServer:
         ]
         if self.spec.stream_interval is not None:
             command += ["--stream-interval", str(self.spec.stream_interval)]
+        if self.spec.executor is not None:
+            command += ["--distributed-executor-backend", self.spec.executor]
         workers = ",".join(f"{i}={w}" for i, w in enumerate(self.workers))
         env = {
             **os.environ,
@@ -172,8 +204,12 @@ class VllmServer:
             "SHADOW_PLUGIN_WORKERS": workers,
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", TINY_MODEL_OMP_THREADS),
         }
+        omp = os.environ.get("OMP_NUM_THREADS", self.spec.omp_threads)
+        if omp is None:
+            env.pop("OMP_NUM_THREADS", None)
+        else:
+            env["OMP_NUM_THREADS"] = omp
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -190,10 +226,20 @@ class VllmServer:
                 raise TimeoutError(f"vLLM did not start in {timeout} s: {self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                    self._renice_engines()
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+
+    def _renice_engines(self) -> None:
+        """The API server's descendants (engine cores, workers, the DP coordinator) at
+        `engine_nice`; the API server itself stays as it was."""
+        if not self.spec.engine_nice or self.process is None:
+            return
+        for pid in descendants(self.process.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.setpriority(os.PRIO_PROCESS, pid, self.spec.engine_nice)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
@@ -315,6 +361,10 @@ class RealWorldOptions:
     incarnation: int | None = None
     #: set on the server environments (e.g. SHADOW_PLUGIN_MAX_QUEUE)
     plugin_env: dict[str, str] = field(default_factory=dict)
+    #: the model's shape (tiny_model.build_tiny_model): heavier steps for a world whose
+    #: streams must not outrun vLLM's API server on a shared CPU
+    model_hidden: int = TINY_HIDDEN
+    model_layers: int = TINY_LAYERS
 
 
 @dataclass(frozen=True)
@@ -386,7 +436,10 @@ class RealWorld:
         `upstreams`: a server URL -> what the tap calls instead (a recording proxy)."""
         o = self.options
         self.workdir.mkdir(parents=True, exist_ok=True)
-        build_model(self.python, self.workdir / "model")
+        build_model(
+            self.python, self.workdir / "model", self.options.model_hidden,
+            self.options.model_layers,
+        )  # fmt: skip
         entry_point_dir(self.workdir / "entry-points")
         upstreams = upstreams or {}
         try:
