@@ -363,3 +363,34 @@ def test_an_n_child_history_shows_its_kept_finish(tmp_path, engine_first):
             assert len(rows) == 2, rows  # the tap's and the engine's, one of them joined
         parent = client.get("/v1/fleets/default/requests/cmpl-y-0").json()["events"]
         assert [e["source"] for e in parent if e["type"] == "finish"] == ["engine", "engine"]
+
+
+@pytest.mark.parametrize("tap_exact", [False, True])
+def test_an_engine_finish_before_the_taps_events_is_held_and_joined(pipeline, tap_exact):
+    """The plugin's batch overtook the tap's by more than the reorder window (seen with
+    real vLLM: a non-streaming request's engine finish stored before its ready): the
+    engine's count is held, and the tap's finish joins it instead of a second kept one."""
+    send(pipeline, engine_finish("a", 17, ts=5.0))
+    assert join_counts(pipeline) == (0, 0, 1)  # unjoined while the request is unseen
+    send(pipeline, *started("a"))
+    send(pipeline, tap_finish("a", 17 if tap_exact else 12, ts=5.1, estimated=not tap_exact))
+    assert finish_rows(pipeline) == {"engine": [("a", 17, "tap")], "tap": [("a", 17, None)]}
+    request = pipeline.fleets["default"].mirror.requests["a"]
+    assert (request.finished, request.output_tokens, request.estimated) == (True, 17, False)
+    assert join_counts(pipeline) == ((0, 0, 0) if tap_exact else (1, 1, 0))
+    assert violations(pipeline) == []
+
+
+def test_held_engine_finishes_are_bounded():
+    from shadow.stream.join import EARLY_MAX, FinishJoin
+
+    join = FinishJoin()
+    for i in range(EARLY_MAX + 10):
+        join.hold_early(f"r{i}", 5, i)
+    assert len(join.early) == EARLY_MAX
+    assert join.take_early("r0") is None  # the oldest went first
+    assert join.take_early(f"r{EARLY_MAX + 9}") == (5, EARLY_MAX + 9)
+    join.hold_early("p", 3, 1)
+    join.hold_early("p", 4, 2)  # an n = 2 request: two engine finishes under the parent
+    assert join.take_early("p#0") == (3, 1) and join.take_early("p#1") == (4, 2)
+    assert join.take_early("p#1") is None

@@ -24,6 +24,7 @@ from shadow.stream.items import (
     WorkerItem,
 )
 from shadow.stream.join import (
+    CORRECTED,
     FINISHED,
     IGNORED,
     RECOMPUTE,
@@ -111,9 +112,10 @@ class FleetCore:
         mirror = self.mirror
         engine = bool(from_engine)
         target = self.join.target(mirror, request_id, engine)
-        if target is None:  # an engine finish for a request the shadow never saw
+        if target is None:  # an engine finish for a request the shadow never saw (yet)
             mirror._tick(ts)
             self.join.unjoined += 1
+            self.join.hold_early(request_id, output_tokens, ref)
             return self._sweep(ts), FinishOutcome(UNJOINED, request_id)
         request = mirror.requests.get(target)
         if reason == RECOMPUTED:
@@ -138,6 +140,21 @@ class FleetCore:
         self.join.reasons[reason_label(reason)] += 1
         if estimated is True:
             self.join.estimates += 1
+        early = None if engine else self.join.take_early(target)
+        if early is not None:  # the engine's count came first, before the tap's events
+            self.join.unjoined -= 1
+            tokens, early_ref = early
+            finished = mirror.requests.get(target)
+            later = (
+                self.join.later_finish(mirror, finished, tokens, True)
+                if finished is not None
+                else None
+            )
+            corrected = later is not None and later.kind == CORRECTED
+            done = later.completed if corrected and later.completed is not None else done
+            outcome = FinishOutcome(FINISHED, target, done, early_ref=early_ref,
+                                    early_corrected=corrected)  # fmt: skip
+            return found + self._sweep(ts), outcome
         return found + self._sweep(ts), FinishOutcome(FINISHED, target, done)
 
     def engine_step(

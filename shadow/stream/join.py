@@ -9,7 +9,10 @@ finishes of a request meet here, in stream order:
   completed record; the caller corrects what it stored);
 - a later estimate, or any later finish of a request finished exactly, is ignored;
 - an engine finish for a request the shadow never saw is `unjoined`, never a violation:
-  the engine also serves requests that did not pass the tap;
+  the engine also serves requests that did not pass the tap. It is held (the latest
+  `EARLY_MAX`) in case the tap's events of that request come later than the reorder
+  window (the plugin's batch can overtake the tap's): the tap's finish then finishes the
+  request and the held count joins it as a later exact one would;
 - with n > 1 the tap names the children `<id>#<k>` while the engine reports `<id>` for
   each: an engine finish for `<id>` goes to the first child (by finish time, then index)
   still without an exact count;
@@ -20,7 +23,7 @@ Pure: the counters are plain integers the service exports on `/metrics`.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from shadow.events.schema import FINISH_REASONS
@@ -31,6 +34,9 @@ CHILD_SEPARATOR = "#"
 RECOMPUTED = "recomputed"
 #: the `reason` label of a reason outside FINISH_REASONS (labels stay bounded)
 OTHER_REASON = "other"
+#: engine finishes of requests not seen yet, held for a late tap (the latest so many:
+#: ~1 s of finishes at G = 256; older ones stay unjoined)
+EARLY_MAX = 4096
 
 #: outcomes of one finish event
 FINISHED, CORRECTED, IGNORED, UNJOINED, RECOMPUTE, UNKNOWN = (
@@ -48,6 +54,10 @@ class FinishOutcome:
     request_id: str
     completed: Completed | None = None
     primary_ref: int = -1
+    #: for a tap finish that met a held engine finish: that finish's reference (-1: none)
+    early_ref: int = -1
+    #: and whether its exact count corrected the tap's estimate
+    early_corrected: bool = False
 
 
 def reason_label(reason: str) -> str:
@@ -70,6 +80,30 @@ class FinishJoin:
         self.unjoined = 0
         #: reason label -> finishes (and recomputes) applied with it
         self.reasons: Counter[str] = Counter()
+        #: engine request id -> held (output_tokens, ref) of its finishes not joined yet
+        self.early: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()
+        self._early_count = 0
+
+    def hold_early(self, request_id: str, output_tokens: int, ref: int) -> None:
+        """Keep an engine finish of a request not seen yet (the oldest go past EARLY_MAX)."""
+        self.early.setdefault(request_id, []).append((output_tokens, ref))
+        self._early_count += 1
+        while self._early_count > EARLY_MAX:
+            _, dropped = self.early.popitem(last=False)
+            self._early_count -= len(dropped)
+
+    def take_early(self, request_id: str) -> tuple[int, int] | None:
+        """A held engine finish for the tap's `request_id` (an n > 1 child's, under its
+        parent's id), or None."""
+        for key in (request_id, request_id.rpartition(CHILD_SEPARATOR)[0]):
+            held = self.early.get(key) if key else None
+            if held:
+                found = held.pop(0)
+                self._early_count -= 1
+                if not held:
+                    del self.early[key]
+                return found
+        return None
 
     def note_request(self, request_id: str) -> None:
         """Remember an n > 1 child under its parent id (called on ready and dispatch)."""

@@ -196,10 +196,17 @@ class Applier:
         )
         kind = outcome.kind
         done = outcome.completed
+        if kind == FINISHED and outcome.early_ref >= 0:
+            # a held engine finish met its request: its row joins this one, and its exact
+            # count is this row's when it corrected the tap's estimate
+            self.finish_updates.append((outcome.early_ref, None, ingest_id))
+            if outcome.early_corrected and done is not None:
+                self.finish_updates.append((ingest_id, done.output_tokens, None))
         if kind == FINISHED and self.windows and done is not None:
             # an estimate is no length to learn from: its correction is (below)
-            natural = event.reason in NATURAL_FINISH and event.estimated is not True
-            state.tracker.on_finish(ts, outcome.request_id, event.output_tokens, natural)
+            exact = event.estimated is not True or outcome.early_corrected
+            natural = event.reason in NATURAL_FINISH and exact
+            state.tracker.on_finish(ts, outcome.request_id, done.output_tokens, natural)
         elif kind == CORRECTED and done is not None:
             if outcome.primary_ref >= 0:
                 self.finish_updates.append((outcome.primary_ref, done.output_tokens, None))
