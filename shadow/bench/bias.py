@@ -41,6 +41,11 @@ METRICS = {
 }
 
 
+def interval_covers(low: float | None, high: float | None, truth: float) -> bool:
+    """Whether a 95% interval (None where not measured) holds the truth."""
+    return low is not None and high is not None and low <= truth <= high
+
+
 def within_tolerance(estimate: float | None, truth: float) -> bool:
     """Issue 22's tolerance: within 10% of the true effect (ratio - 1), or within 0.003
     of the ratio where the effect is under 0.03."""
@@ -70,9 +75,7 @@ class Cell:
 
     @property
     def covered(self) -> bool:
-        if self.ci_low is None or self.ci_high is None:
-            return False
-        return self.ci_low <= self.truth <= self.ci_high
+        return interval_covers(self.ci_low, self.ci_high, self.truth)
 
 
 def record(

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from shadow.bench.bias import within_tolerance
+from shadow.bench.bias import interval_covers, within_tolerance
 from shadow.gate.source import open_evidence
 from shadow.policies import NO_KEY, make_policy, prompt_key_id
 from shadow.replay.engine import FleetReplay
@@ -71,9 +71,7 @@ class DemoCell:
 
     @property
     def covered(self) -> bool:
-        if self.ci_low is None or self.ci_high is None:
-            return False
-        return self.ci_low <= self.truth <= self.ci_high
+        return interval_covers(self.ci_low, self.ci_high, self.truth)
 
 
 @dataclass(frozen=True)
