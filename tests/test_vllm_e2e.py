@@ -43,9 +43,11 @@ REJECTED_PROMPT = 17000  # over --max-model-len: the engine refuses it
 #: generated before the client had read 6 events; in a CI run 7,000 were, the stream
 #: held back whole)
 CANCELLED_TOKENS = 16000
-#: long enough to be running on every worker at the kill (the model below decodes tens of
-#: tokens/s a request with three engines on 2 cores: tens of seconds)
-LONG_TOKENS = 1500
+#: long enough to be running on every worker at the kill. The model below decodes a
+#: request in a few ms a token, and a busy API server can hold a stream back and send it
+#: in one burst: with 1,500 tokens, worker 0's first long request reached its client
+#: 0.5 s before its end, and ended before worker 2's first byte came (2.7 s later)
+LONG_TOKENS = 4000
 #: The model's shape and threads: the tiny default, OMP_NUM_THREADS left to vLLM (one
 #: torch thread per process while serving). Heavier shapes, the in-process executor
 #: and lower-priority engines were each tried against this build's head-of-line
