@@ -837,6 +837,34 @@ def test_late_duplicates_of_a_forgotten_request_change_nothing(runtime) -> None:
     ]
 
 
+def test_a_finished_requests_progress_memory_moves_into_the_mirror(runtime) -> None:
+    """Once its finish is applied, a request's highest progress count is kept with the
+    mirror's record of it (no second copy in the pipeline): a late resend that is not
+    ahead is still a duplicate, one ahead is taken once, and the count goes when the
+    mirror forgets the request (restarts: the stateful test above)."""
+    pipeline = runtime.pipeline
+    life = [
+        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
+        {"type": "ready", "ts": 1.0, "request_id": "r", "prompt_tokens": 50},
+        {"type": "dispatch", "ts": 2.0, "request_id": "r", "worker": "w0"},
+        {"type": "progress", "ts": 3.0, "request_id": "r", "generated": 4},
+        {"type": "finish", "ts": 4.0, "request_id": "r", "output_tokens": 6, "reason": "stop"},
+    ]
+    _send(pipeline, *life)
+    state = pipeline.fleets["default"]
+    done = state.mirror.requests["r"]
+    assert isinstance(done, FinishedRequest) and done.progress_seen == 4
+    assert len(pipeline._progress_seen) == 0  # nothing of it left in the pipeline
+    assert _send(pipeline, life[3]).duplicates == 1  # a late resend, not ahead
+    ahead = {**life[3], "ts": 5.0, "generated": 6}
+    assert _send(pipeline, ahead).accepted == 1 and done.progress_seen == 6
+    assert _send(pipeline, ahead).duplicates == 1
+    assert len(pipeline._progress_seen) == 0
+    _send(pipeline, {"type": "ready", "ts": 400.0, "request_id": "later", "prompt_tokens": 5})
+    assert "r" not in state.mirror.requests  # forgotten finished_ttl_s after its finish
+    assert len(pipeline._progress_seen) == 0
+
+
 def test_an_absurd_output_length_is_not_learned() -> None:
     """The predictor keeps a histogram as long as the longest output it learned."""
     mirror = FleetMirror("f")

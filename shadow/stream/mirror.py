@@ -106,6 +106,7 @@ class FinishedRequest:
         "finish_ts",
         "left_ts",
         "output_tokens",
+        "progress_seen",
         "prompt_key",
         "prompt_tokens",
         "reason",
@@ -128,6 +129,9 @@ class FinishedRequest:
         self.finish_ref = request.finish_ref
         #: when it left the fleet (its finish, or the ghost sweep): `forget_finished`'s key
         self.left_ts = left_ts
+        #: the highest progress count the ingest received for it, kept with it for its
+        #: de-duplication (`service.ingest.progress_seen`); -1: none
+        self.progress_seen = -1
 
 
 class WorkerState:
