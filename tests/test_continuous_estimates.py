@@ -31,9 +31,12 @@ def _workload(load: float) -> Workload:
     return retime(work, load=load, workers=WORKERS, batch=BATCH, step_model=MODEL)
 
 
-def _windows(work: Workload, models=None, runs: ContinuousCounterfactuals | None = None) -> list:
+def _windows(
+    work: Workload, models=None, runs: ContinuousCounterfactuals | None = None, after=None
+) -> list:
     """Each 30 s of arrivals as one window of the continuous runs, the last one final;
-    `models(k)`: window k's refit and whether it is a fit (default: MODEL, fitted)."""
+    `models(k)`: window k's refit and whether it is a fit (default: MODEL, fitted);
+    `after(runs)` is called after each window."""
     runs = runs or ContinuousCounterfactuals("f")
     ready = work.ready_s
     count = math.ceil(float(ready[-1]) / WINDOW_S) + 1
@@ -54,6 +57,8 @@ def _windows(work: Workload, models=None, runs: ContinuousCounterfactuals | None
             history=np.empty(0, dtype=np.int64), imputed=0, final=k == count - 1,
         )  # fmt: skip
         results.append(runs.evaluate(spec))
+        if after is not None:
+            after(runs)
     return results
 
 
@@ -152,3 +157,28 @@ def test_a_step_model_beyond_the_threshold_or_the_first_fit_starts_the_runs_agai
     # a default never replaces a fit
     back = _windows(work, lambda k: (MODEL, True) if k < 2 else (default, False))
     assert {r.run_start for r in back} == {0} and {r.step_model for r in back} == {MODEL}
+
+
+def test_dropping_the_measured_requests_changes_no_window():
+    """The runs forget what finished in the windows measured (a run lives as long as the
+    service): every window's metrics, TPOTs and trajectories are those of runs that keep
+    every request, and the runs hold about the requests in flight, not all those fed."""
+    work = _workload(1.0)
+    held: list[int] = []
+    kept: list[int] = []
+
+    def count(into: list[int]):
+        return lambda runs: into.append(max(run.fleet.requests for run in runs.runs))
+
+    bounded = _windows(work, after=count(held))
+    everything = _windows(work, runs=ContinuousCounterfactuals("f", keep_finished=True),
+                          after=count(kept))  # fmt: skip
+    assert len(bounded) == len(everything) > 5
+    for one, other in zip(bounded, everything, strict=True):
+        np.testing.assert_equal(one.metrics, other.metrics)
+        np.testing.assert_equal(one.tpot_ms, other.tpot_ms)
+        assert one.trajectories.keys() == other.trajectories.keys()
+        for name, path in one.trajectories.items():
+            np.testing.assert_equal(vars(path), vars(other.trajectories[name]))
+    assert kept[-2] > 600  # nearly every request fed, before the last window drains
+    assert max(held) < 2 * WORKERS * BATCH + 50 < kept[-2]

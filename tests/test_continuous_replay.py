@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,3 +124,59 @@ def test_arrivals_out_of_ready_order_are_refused():
         assert "ready order" in str(error)
     else:
         raise AssertionError("an earlier arrival was accepted")
+
+
+@pytest.mark.parametrize("name", ["jsq", "jsq-pool", "br0", "brh-survival"])
+@pytest.mark.parametrize("decide_on_arrival", [False, True])
+def test_a_run_that_drops_finished_requests_steps_as_the_whole_replay(name, decide_on_arrival):
+    """A long run fed window by window that drops what finished after each window holds
+    only the requests still in flight, and its steps and every request's admission and
+    finish are the whole replay's."""
+    work = workload(11, 900, rate_per_s=0.8)
+    initial = [InitialRequest(g % 4, 100 + g, g, 5 + 7 * g) for g in range(7)]
+    whole = replay(
+        work, make_policy(name), workers=4, batch=6, step_model=MODEL, initial=initial,
+        decide_on_arrival=decide_on_arrival,
+    )  # fmt: skip
+    m, n = len(initial), len(work)
+    # the whole replay's requests in the run's order (initial ones first)
+    truth_finish = np.concatenate((whole.finish_step[n:], whole.finish_step[:n]))
+    truth_worker = np.concatenate((whole.worker[n:], whole.worker[:n]))
+    run = FleetReplay(
+        make_policy(name), workers=4, batch=6, step_model=MODEL, initial=initial,
+        decide_on_arrival=decide_on_arrival,
+    )  # fmt: skip
+    ids = np.arange(m)  # the whole replay's index (run order) of each request the run holds
+    seen = {field: np.full(m + n, -2, dtype=np.int64) for field in ("finish_step", "worker")}
+    ready_ms = work.ready_s * 1000.0
+    added, blocks, held = 0, [], []
+    for until in [*np.arange(5000.0, float(ready_ms[-1]), 5000.0), math.inf]:
+        upto = int(np.searchsorted(ready_ms, until, side="right"))
+        run.add_requests(
+            ready_ms[added:upto], work.prompt_tokens[added:upto],
+            work.output_tokens[added:upto], work.prompt_keys[added:upto],
+        )  # fmt: skip
+        ids = np.concatenate((ids, m + np.arange(added, upto)))
+        added = upto
+        run.advance(until)
+        blocks.append(run.take_steps())
+        view = run.requests_view()
+        for field, values in seen.items():
+            values[ids] = view[field]
+        keep = run.drop_finished(run.step)
+        ids = ids[keep]
+        # the requests that have not finished before the run's step are held, and besides
+        # them only those whose last step is the run's last (a run paused at the frontier
+        # has taken that step, not yet its completions)
+        unfinished = (truth_finish[: m + added] >= run.step) | (truth_worker[: m + added] < 0)
+        assert set(np.flatnonzero(unfinished)) <= set(ids.tolist())
+        assert (truth_finish[ids[~unfinished[ids]]] == run.step - 1).all()
+        held.append(run.requests)
+    assert run.dropped + run.requests == m + n
+    assert max(held) < (m + n) / 5
+    np.testing.assert_array_equal(np.concatenate([b.start_ms for b in blocks]), whole.step_start_ms)
+    np.testing.assert_array_equal(
+        np.concatenate([b.worker_load for b in blocks]), whole.worker_load
+    )
+    np.testing.assert_array_equal(seen["finish_step"], truth_finish)
+    np.testing.assert_array_equal(seen["worker"], truth_worker)

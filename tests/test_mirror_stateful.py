@@ -42,7 +42,8 @@ from shadow.events import parse_body, parse_ndjson
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.service.store import ServiceStore
-from shadow.stream.mirror import FleetMirror
+from shadow.stream.fleet import FleetCore
+from shadow.stream.mirror import FinishedRequest, FleetMirror
 
 WINDOW_S = 0.5  # the pipeline's reorder window
 MAX_WORKERS = 4
@@ -746,6 +747,46 @@ def test_forget_finished_drops_only_old_finished_requests() -> None:
     check_invariants(mirror)
 
 
+def test_a_finished_request_is_held_compact_and_still_known() -> None:
+    """Until forgotten, a finished request is a `FinishedRequest` (not its live state):
+    a late duplicate of its events changes nothing, a second dispatch is a double
+    dispatch, an exact count corrects the tap's estimate, and a ghost is held the same
+    way; a finish that comes late (earlier than one applied before it) is forgotten by
+    its own time."""
+    core = FleetCore("f")
+    mirror = core.mirror
+    core.worker(0.0, "w0", 4, "up")
+    for rid in ("a", "b", "c"):
+        core.ready(1.0, rid, 100, None)
+        core.dispatch(2.0, rid, "w0")
+    core.finish_event(10.0, "a", 7, "stop", True, False, 41)  # the tap's estimate
+    done = mirror.requests["a"]
+    assert isinstance(done, FinishedRequest) and done.finished and done.worker is None
+    assert (done.output_tokens, done.estimated, done.finish_ref) == (7, True, 41)
+    assert core.ready(11.0, "a", 100, None)[1] is None  # a duplicate ready is not new
+    assert core.progress(11.0, "a", 5) == []  # a late duplicate of what the finish said
+    assert [v.kind for v in core.dispatch(11.0, "a", "w0")] == ["double_dispatch"]
+    _, outcome = core.finish_event(12.0, "a", 9, "stop", False, True, 42)
+    assert (outcome.kind, outcome.completed.output_tokens, outcome.primary_ref) == (
+        "corrected", 9, 41,
+    )  # fmt: skip
+    assert mirror.requests["a"].output_tokens == 9 and not mirror.requests["a"].estimated
+    core.finish_event(20.0, "b", 3, "stop", False, False, 43)
+    core.finish_event(15.0, "c", 4, "stop", False, False, 44)  # applied late
+    assert all(isinstance(mirror.requests[r], FinishedRequest) for r in "abc")
+    assert mirror.forget_finished(16.0) == 2 and set(mirror.requests) == {"b"}
+    ghost = FleetMirror("g")
+    ghost.apply_worker(0.0, "w0", 4, "up")
+    ghost.apply_ready(1.0, "x", 10, None)
+    live = ghost.apply_dispatch(2.0, "x", "w0")
+    ghost.now = 50.0
+    ghost.release_ghost(live)
+    held = ghost.requests["x"]
+    assert isinstance(held, FinishedRequest) and held.left_ts == 50.0
+    assert ghost.running == 0 and ghost.forget_finished(50.0) == 0
+    assert ghost.forget_finished(50.5) == 1 and not ghost.requests
+
+
 def _send(pipeline: Any, *events: dict[str, Any]) -> Any:
     parsed, errors = parse_ndjson("\n".join(json.dumps(e) for e in events))
     assert not errors
@@ -794,6 +835,34 @@ def test_late_duplicates_of_a_forgotten_request_change_nothing(runtime) -> None:
     assert pipeline.store.query("SELECT kind FROM violations") == [
         {"kind": "dispatch_without_ready"}
     ]
+
+
+def test_a_finished_requests_progress_memory_moves_into_the_mirror(runtime) -> None:
+    """Once its finish is applied, a request's highest progress count is kept with the
+    mirror's record of it (no second copy in the pipeline): a late resend that is not
+    ahead is still a duplicate, one ahead is taken once, and the count goes when the
+    mirror forgets the request (restarts: the stateful test above)."""
+    pipeline = runtime.pipeline
+    life = [
+        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
+        {"type": "ready", "ts": 1.0, "request_id": "r", "prompt_tokens": 50},
+        {"type": "dispatch", "ts": 2.0, "request_id": "r", "worker": "w0"},
+        {"type": "progress", "ts": 3.0, "request_id": "r", "generated": 4},
+        {"type": "finish", "ts": 4.0, "request_id": "r", "output_tokens": 6, "reason": "stop"},
+    ]
+    _send(pipeline, *life)
+    state = pipeline.fleets["default"]
+    done = state.mirror.requests["r"]
+    assert isinstance(done, FinishedRequest) and done.progress_seen == 4
+    assert len(pipeline._progress_seen) == 0  # nothing of it left in the pipeline
+    assert _send(pipeline, life[3]).duplicates == 1  # a late resend, not ahead
+    ahead = {**life[3], "ts": 5.0, "generated": 6}
+    assert _send(pipeline, ahead).accepted == 1 and done.progress_seen == 6
+    assert _send(pipeline, ahead).duplicates == 1
+    assert len(pipeline._progress_seen) == 0
+    _send(pipeline, {"type": "ready", "ts": 400.0, "request_id": "later", "prompt_tokens": 5})
+    assert "r" not in state.mirror.requests  # forgotten finished_ttl_s after its finish
+    assert len(pipeline._progress_seen) == 0
 
 
 def test_an_absurd_output_length_is_not_learned() -> None:

@@ -18,7 +18,9 @@ count per step, `L_g(k) = base_g + n_g * k`. The engine computes such a stretch 
 in one vectorised block instead of step by step; per-step results are identical.
 
 `FleetReplay` is the run itself, resumable: fed arrivals a window at a time (a continuous
-counterfactual) it steps exactly as `replay()` fed them all at once.
+counterfactual) it steps exactly as `replay()` fed them all at once; such a run drops the
+requests its consumer has measured (`drop_finished`), so its memory follows the requests
+in flight, not every request it was ever fed.
 """
 
 from __future__ import annotations
@@ -128,6 +130,14 @@ class _Fleet:
     def loads(self, step: int) -> np.ndarray:
         return self.base + self.count * step
 
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep only the requests `keep` marks (over the first `keep.shape[0]`)."""
+        n = keep.shape[0]
+        self.worker = self.worker[:n][keep]
+        self.admit_step = self.admit_step[:n][keep]
+        self.finish_step = self.finish_step[:n][keep]
+        self.admit_ms = self.admit_ms[:n][keep]
+
 
 class _Grown:
     """An append-only int64 or float64 column with amortised growth."""
@@ -148,6 +158,13 @@ class _Grown:
     @property
     def view(self) -> np.ndarray:
         return self.data[: self.size]
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep only the values `keep` marks (it covers the whole column)."""
+        kept = self.view[keep]
+        self.data = np.empty(max(64, kept.shape[0]), dtype=self.data.dtype)
+        self.data[: kept.shape[0]] = kept
+        self.size = kept.shape[0]
 
 
 @dataclass(frozen=True)
@@ -196,7 +213,9 @@ class FleetReplay:
     state, now with the next arrival known).
 
     Requests are indexed in the order they were added: the initial requests (those
-    already decoding at the start) first, then the arrivals.
+    already decoding at the start) first, then the arrivals; `drop_finished` removes
+    finished ones and renumbers the rest, keeping that order (a policy sees the ids only
+    to hand them back, and ties go by pool position, so the steps do not change).
     """
 
     def __init__(
@@ -210,6 +229,7 @@ class FleetReplay:
         decide_on_arrival: bool = False,
         progress: ProgressCallback | None = None,
         capacity: Sequence[int] | None = None,
+        time_rounds: bool = True,
     ) -> None:
         if workers < 1 or batch < 1:
             raise ValueError(f"workers and batch must be >= 1, got {workers} and {batch}")
@@ -239,6 +259,11 @@ class FleetReplay:
         self.keys = _Grown(np.int64)
         self.ready_ms = _Grown(np.float64)
         self.initial_count = len(initial)
+        #: requests dropped by `drop_finished` (finished and measured)
+        self.dropped = 0
+        #: the ready time of the last arrival added (-inf: none yet), kept apart from the
+        #: per-request column so that dropping finished arrivals does not move the frontier
+        self._last_ready_ms = -math.inf
         self.pool = np.empty(0, dtype=np.int64)
         self.arrived = 0  # requests (initial ones included) that have joined the pool
         self.step = 0
@@ -249,7 +274,10 @@ class FleetReplay:
         self._taken_step = 0
         self._blocks: list[tuple[np.ndarray, ...]] = []
         self._block_rows: list[tuple[np.ndarray, int]] = []
+        #: each admission round's wall time (ms), with `time_rounds`: a replay reports
+        #: them; a continuous run, which never ends, keeps none
         self.sched_ms: list[float] = []
+        self.time_rounds = time_rounds
         self._started: list[int] = []
         self._add(
             np.array([r.prompt_tokens for r in initial], dtype=np.int64),
@@ -297,9 +325,9 @@ class FleetReplay:
         """Append arrivals, in ready order, at or after every one added before."""
         ready = np.asarray(ready_ms, dtype=np.float64)
         if ready.size:
-            known = self.ready_ms.view[self.initial_count :]
-            if (known.size and ready[0] < known[-1]) or (np.diff(ready) < 0).any():
+            if ready[0] < self._last_ready_ms or (np.diff(ready) < 0).any():
                 raise ValueError("arrivals must be added in ready order")
+            self._last_ready_ms = float(ready[-1])
         keys = (
             np.full(ready.shape[0], NO_KEY, dtype=np.int64)
             if prompt_keys is None
@@ -345,7 +373,8 @@ class FleetReplay:
         ready = ReadyPool(pool, prompt[pool], keys[pool])
         clock = time.perf_counter()
         admissions = self.policy.admit(snapshot, ready)
-        self.sched_ms.append((time.perf_counter() - clock) * 1000.0)
+        if self.time_rounds:
+            self.sched_ms.append((time.perf_counter() - clock) * 1000.0)
         if not admissions and on_arrival_until is None:
             raise RuntimeError(
                 f"policy {self.policy.name} admitted nothing with {pool.size} ready requests "
@@ -397,9 +426,7 @@ class FleetReplay:
     def advance(self, until_ms: float = math.inf) -> None:
         """Step the fleet as far as the arrivals known up to `until_ms` determine it."""
         # every arrival at or before this is known
-        frontier = until_ms
-        if self.requests > self.initial_count:
-            frontier = max(frontier, float(self.ready_ms.view[-1]))
+        frontier = max(until_ms, self._last_ready_ms)
         if self._stretch is not None and not self._continue_stretch(frontier):
             return
         fleet, model = self.fleet, self.model
@@ -527,7 +554,7 @@ class FleetReplay:
             if self.predictor is not None:
                 self.predictor.observe_many(output[done], keys[done])
             if self.progress is not None:
-                self.progress(self.finished, total)
+                self.progress(self.finished, total + self.dropped)
 
     def take_steps(self) -> StepBlock:
         """The steps computed since the last call (a live consumer's increment; the run
@@ -538,8 +565,37 @@ class FleetReplay:
         self._taken_step = self.step
         return _step_block(first, self.workers, blocks, rows)
 
+    def drop_finished(self, before_step: int) -> np.ndarray:
+        """Forget the requests that finished before step `before_step` (their last step
+        is before it and their completion has been taken), renumbering the rest in the
+        order they were added. A continuous run calls it once a window's metrics are
+        taken; the steps that follow are the same bit for bit (pool, active set and
+        queues keep their order). Returns which of the requests held before the call
+        were kept, so a caller's own per-request arrays can drop the same rows."""
+        n = self.requests
+        fleet = self.fleet
+        assert not self._started, "drop_finished between admissions and their start"
+        done = (fleet.worker[:n] >= 0) & (fleet.finish_step[:n] < before_step)
+        done[fleet.active] = False  # its last step is taken, its completion not yet
+        keep = ~done
+        gone = int(done.sum())
+        if not gone:
+            return keep
+        renumber = np.cumsum(keep) - 1
+        self.pool = renumber[self.pool]
+        fleet.active = renumber[fleet.active]
+        self.queues = [deque(renumber[list(q)].tolist()) for q in self.queues]
+        self.initial_count -= int(done[: self.initial_count].sum())
+        self.arrived -= int(done[: self.arrived].sum())
+        for column in (self.prompt, self.output, self.keys, self.ready_ms):
+            column.compact(keep)
+        fleet.compact(keep)
+        self.dropped += gone
+        return keep
+
     def requests_view(self) -> dict[str, np.ndarray]:
-        """Per request (in the order added): ready, admit and finish times and worker."""
+        """Per request held (in the order added; `drop_finished` removes the measured
+        ones): ready, admit and finish times and worker."""
         n = self.requests
         fleet = self.fleet
         return {

@@ -35,7 +35,11 @@ stored on its own (`step_model_fits`).
 Exactness: `FleetReplay` waits at the frontier of the known arrivals and goes on exactly
 there, so a run fed window by window steps bit for bit as the whole replay of the same
 arrivals (tests/test_continuous_replay.py); over recorded traffic the windows' sums are
-the full replay's totals, which is what the bias test checks.
+the full replay's totals, which is what the bias test checks. Once a window is measured,
+each run drops the requests that finished in its steps or before (`FleetReplay.
+drop_finished`): a run lives as long as the service, and what it holds must follow the
+requests in flight, not every request the fleet ever served (the same windows either way:
+tests/test_continuous_estimates.py).
 """
 
 from __future__ import annotations
@@ -115,15 +119,26 @@ class _Run:
     clock_ms: float = 0.0
     #: the end of the last step measured so far
     last_end_ms: float = 0.0
-    #: per request (in the order added), the end of its first step (NaN: not yet run)
+    #: per request held by the run's fleet (in its order), the end of its first step
+    #: (NaN: not yet run)
     first_end_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+    def drop_measured(self) -> None:
+        """Forget the requests that finished in the steps measured so far: every window
+        that needs them has taken its metrics (the steps still buffered are after them)."""
+        keep = self.fleet.drop_finished(self.steps.first_step)
+        self.first_end_ms = self.first_end_ms[: keep.shape[0]][keep]
 
 
 class ContinuousCounterfactuals:
-    """One fleet's continuous runs, evaluated window by window (`evaluate`, in order)."""
+    """One fleet's continuous runs, evaluated window by window (`evaluate`, in order).
 
-    def __init__(self, fleet: str) -> None:
+    `keep_finished` keeps every request the runs were fed (only to show that dropping the
+    measured ones changes no window)."""
+
+    def __init__(self, fleet: str, *, keep_finished: bool = False) -> None:
         self.fleet = fleet
+        self.keep_finished = keep_finished
         self.runs: list[_Run] = []
         self.origin: float | None = None
         self.last_index: int | None = None
@@ -217,6 +232,8 @@ class ContinuousCounterfactuals:
             if run.guarded.errors > run.errors_seen:
                 errors[run.name] = (run.guarded.errors - run.errors_seen, run.guarded.error)
                 run.errors_seen = run.guarded.errors
+            if not self.keep_finished:
+                run.drop_measured()
         fidelity_imbalance, fidelity_step = fidelity(metrics, spec)
         return WindowResult(
             spec.fleet,
@@ -291,6 +308,7 @@ class ContinuousCounterfactuals:
             step_model=spec.step_model,
             initial=initial,
             decide_on_arrival=spec.decide_on_arrival,
+            time_rounds=False,
         )
         return _Run(name, guarded, fleet, order)
 

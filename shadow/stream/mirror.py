@@ -10,17 +10,20 @@ engine steps its worker ran since the dispatch (`steps_g - offset_i`), raised by
 cumulative `progress` when that is ahead (a fleet without step telemetry, or a request
 that started late). So `L_g = sum(s_i) + n_g * steps_g - sum(offset_i)`.
 
-Finished requests are kept (a late duplicate of their events must not look new) until
-`forget_finished` drops them; after that the mirror only remembers the horizon, and an
-event for an unknown request from before it is taken for a late duplicate of a forgotten
-request and ignored (see `forget_finished`).
+Finished requests are kept (a late duplicate of their events must not look new, and a
+late exact count must still correct an estimate) until `forget_finished` drops them, as
+`FinishedRequest`s: only what those two need, not the live request's state, since a fleet
+finishing hundreds of requests a second holds ~`finished_ttl_s` x that many of them.
+After that the mirror only remembers the horizon, and an event for an unknown request
+from before it is taken for a late duplicate of a forgotten request and ignored (see
+`forget_finished`).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +92,46 @@ class RequestState:
     def generated(self) -> int:
         worker = self.worker
         return worker.steps - self.offset if worker is not None else self.progress
+
+
+class FinishedRequest:
+    """A request that left the fleet (finished, or released as a ghost), as the mirror
+    remembers it until `forget_finished`: what tells a late duplicate of its events from
+    new ones and lets a later exact count correct an estimate (`FleetMirror.correct`).
+    Read like a `RequestState` (`finished`, no `worker`), a third of its size."""
+
+    __slots__ = (
+        "estimated",
+        "finish_ref",
+        "finish_ts",
+        "left_ts",
+        "output_tokens",
+        "progress_seen",
+        "prompt_key",
+        "prompt_tokens",
+        "reason",
+        "request_id",
+    )
+
+    finished = True
+    worker: WorkerState | None = None
+    dispatch_ts: float | None = None
+    slot = -1
+
+    def __init__(self, request: RequestState, left_ts: float) -> None:
+        self.request_id = request.request_id
+        self.prompt_tokens = request.prompt_tokens
+        self.prompt_key = request.prompt_key
+        self.output_tokens = request.output_tokens
+        self.estimated = request.estimated
+        self.finish_ts = request.finish_ts
+        self.reason = request.reason
+        self.finish_ref = request.finish_ref
+        #: when it left the fleet (its finish, or the ghost sweep): `forget_finished`'s key
+        self.left_ts = left_ts
+        #: the highest progress count the ingest received for it, kept with it for its
+        #: de-duplication (`service.ingest.progress_seen`); -1: none
+        self.progress_seen = -1
 
 
 class WorkerState:
@@ -178,7 +221,8 @@ class FleetMirror:
         self.fleet = fleet
         self.workers: dict[str, WorkerState] = {}
         self.order: list[WorkerState] = []
-        self.requests: dict[str, RequestState] = {}
+        #: live requests, and finished ones until `forget_finished`
+        self.requests: dict[str, RequestState | FinishedRequest] = {}
         self.pool: OrderedDict[str, RequestState] = OrderedDict()
         self.predictor = SurvivalPredictor()
         self.now = 0.0
@@ -190,8 +234,11 @@ class FleetMirror:
         self._slot_key = np.zeros(256, dtype=np.int64)
         self._free_slots: list[int] = []
         self._slots_used = 0
-        #: heap of (time it finished or was released, tie-break, request)
-        self._finished: list[tuple[float, int, RequestState]] = []
+        #: finished requests in the order they left (a fleet's finishes come in time
+        #: order), and a heap of (time, tie-break, request) for those that left earlier
+        #: than one before them (a late event): `forget_finished` pops both up to a time
+        self._finished: deque[FinishedRequest] = deque()
+        self._finished_late: list[tuple[float, int, FinishedRequest]] = []
         self._finished_count = itertools.count()
         #: events of unknown requests from before this time are stale (`forget_finished`)
         self.forgotten_before = float("-inf")
@@ -402,16 +449,26 @@ class FleetMirror:
         request.finish_ts = ts
         request.reason = reason
         request.finish_ref = ref
-        heapq.heappush(self._finished, (ts, next(self._finished_count), request))
+        self._remember_finished(request, ts)
         if not estimated:
             self._learn(output_tokens, reason)
         return self._completed(request, worker.worker_id if worker is not None else None)
+
+    def _remember_finished(self, request: RequestState, left_ts: float) -> None:
+        """Hold the request as a `FinishedRequest` until `forget_finished`."""
+        done = FinishedRequest(request, left_ts)
+        self.requests[request.request_id] = done
+        finished = self._finished
+        if finished and left_ts < finished[-1].left_ts:
+            heapq.heappush(self._finished_late, (left_ts, next(self._finished_count), done))
+        else:
+            finished.append(done)
 
     def _learn(self, output_tokens: int, reason: str) -> None:
         if reason in NATURAL_FINISH and 1 <= output_tokens <= MAX_LEARNED_OUTPUT_TOKENS:
             self.predictor.observe(output_tokens)
 
-    def _completed(self, request: RequestState, worker: str | None) -> Completed:
+    def _completed(self, request: RequestState | FinishedRequest, worker: str | None) -> Completed:
         return Completed(
             request.request_id,
             worker,
@@ -421,7 +478,7 @@ class FleetMirror:
             request.finish_ts if request.finish_ts is not None else self.now,
         )
 
-    def correct(self, request: RequestState, output_tokens: int) -> Completed:
+    def correct(self, request: RequestState | FinishedRequest, output_tokens: int) -> Completed:
         """An exact count for a request finished with an estimate: the completed record
         takes it, and the predictor learns it (it skipped the estimate)."""
         request.output_tokens = output_tokens
@@ -465,7 +522,7 @@ class FleetMirror:
         if request.worker is not None:
             self._release(request.worker, request, self.now)
         request.finished = True
-        heapq.heappush(self._finished, (self.now, next(self._finished_count), request))
+        self._remember_finished(request, self.now)
 
     def apply_engine_step(
         self,
@@ -525,12 +582,17 @@ class FleetMirror:
         """
         if before_ts > self.forgotten_before:
             self.forgotten_before = before_ts
-        finished = self._finished
+        finished, late, requests = self._finished, self._finished_late, self.requests
         forgotten = 0
-        while finished and finished[0][0] < before_ts:
-            request = heapq.heappop(finished)[2]
-            if self.requests.get(request.request_id) is request:
-                del self.requests[request.request_id]
+        while finished and finished[0].left_ts < before_ts:
+            request = finished.popleft()
+            if requests.get(request.request_id) is request:
+                del requests[request.request_id]
+                forgotten += 1
+        while late and late[0][0] < before_ts:
+            request = heapq.heappop(late)[2]
+            if requests.get(request.request_id) is request:
+                del requests[request.request_id]
                 forgotten += 1
         for worker in self.order:
             if len(worker.starting) > len(worker.active):

@@ -17,7 +17,7 @@ import heapq
 import logging
 import queue
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
@@ -29,6 +29,7 @@ from shadow.replay.workload import StepModel
 from shadow.service.ingest.apply import Applier, FleetState
 from shadow.service.ingest.audits import AuditHandoff
 from shadow.service.ingest.committer import CommitJob, GroupCommitter
+from shadow.service.ingest.progress_seen import ProgressSeen
 from shadow.service.ingest.reorder import Entry, ReorderBuffer
 from shadow.service.ingest.rows import lifecycle_row, stored_event
 from shadow.service.ingest.seen import RecentInts
@@ -127,7 +128,6 @@ class Pipeline:
         self.executor = executor
         self.audit_executor = audit_executor
         self._incoming_samples: queue.SimpleQueue[tuple[str, float, str, Any]] = queue.SimpleQueue()
-        self.fleets: dict[str, FleetState] = {}
         self.lock = threading.RLock()
         self._buffer = ReorderBuffer()
         self._max_ts = float("-inf")
@@ -135,14 +135,15 @@ class Pipeline:
         self._next_id = 1
         self._seqs: dict[tuple[str, str], RecentInts] = {}
         self._steps_seen: dict[tuple[str, str], RecentInts] = {}
-        self._progress_seen: dict[tuple[str, str], int] = {}
+        self.fleets: dict[str, FleetState] = {}
+        #: the progress de-duplication memory (finished requests' counts in the mirrors)
+        self._progress_seen = ProgressSeen(self.fleets)
         #: (fleet, event type, accepted|duplicate) -> events, for /metrics
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self.rejected = 0
         #: bound name (BOUNDS) -> times it was hit, for /metrics
         self.bound_hits: Counter[str] = Counter({name: 0 for name in BOUNDS})
         self._admitted_workers: dict[str, set[str]] = {}
-        self._finished_progress: deque[tuple[float, tuple[str, str]]] = deque()
         #: What broke the pipeline ("" while it works): a commit failed after the batch
         #: was applied in memory, or applying failed; the owner must build a new pipeline
         #: from the database (`start`) before submitting more.
@@ -186,9 +187,7 @@ class Pipeline:
                 if kind == "engine_step":
                     self._steps_memory(event.fleet, event.worker).add(event.step)
                 elif kind == "progress":
-                    self._progress_seen[(event.fleet, event.request_id)] = event.generated
-                elif kind == "finish":
-                    self._finished_progress.append((ts, (event.fleet, event.request_id)))
+                    self._progress_seen.restore((event.fleet, event.request_id), event.generated)
                 elif kind == "worker":
                     self._admitted_workers.setdefault(event.fleet, set()).add(event.worker)
                 self._admitted_workers.setdefault(event.fleet, set())
@@ -198,7 +197,7 @@ class Pipeline:
                     self._buffer.push((ts, EVENT_ORDER[kind], ingest_id, event))
                     continue
                 derive = ingest_id > applied_through
-                self._applier.apply(event, ingest_id, violations, stream, derive=derive)
+                self._apply(event, ingest_id, violations, stream, derive=derive)
                 self._last_applied = (ts, EVENT_ORDER[kind])
             self._forget_finished_progress()
             self._forget_finished(stream)
@@ -337,13 +336,10 @@ class Pipeline:
                         )
                     elif kind == "progress":
                         key = (fleet, event.request_id)
-                        if seen_progress.get(key, -1) < event.generated:
-                            seen_progress[key] = event.generated
+                        if seen_progress.raise_to(key, event.generated):
                             progress[key] = (*key, event.generated, event.ts, ingest_id)
                     else:
                         lifecycle.append(lifecycle_row(ingest_id, event))
-                        if kind == "finish":
-                            self._finished_progress.append((event.ts, (fleet, event.request_id)))
                     fresh.append((event.ts, EVENT_ORDER[kind], ingest_id, event))
                     if fleet != tally_fleet:
                         tally_fleet = fleet
@@ -407,11 +403,9 @@ class Pipeline:
         return None
 
     def _forget_finished_progress(self) -> None:
-        """Progress dedupe memory of requests finished `finished_ttl_s` ago goes."""
-        horizon = self._max_ts - self.config.limits.finished_ttl_s
-        finished = self._finished_progress
-        while finished and finished[0][0] < horizon:
-            self._progress_seen.pop(finished.popleft()[1], None)
+        """Progress dedupe memory of requests finished `finished_ttl_s` ago goes (the
+        mirrors forget the finished requests they hold, and their counts, themselves)."""
+        self._progress_seen.forget(self._max_ts - self.config.limits.finished_ttl_s)
 
     def _forget_finished(self, stream: list[StreamItem]) -> None:
         """Finished requests leave the mirrors `finished_ttl_s` (fleet time) after they
@@ -427,7 +421,7 @@ class Pipeline:
         """Whether an event not seen by its seq (`memory` holds its source's seqs, None
         without a seq) is new by its content: progress ahead, an engine step not counted."""
         if kind == "progress":
-            seen = self._progress_seen.get((event.fleet, event.request_id), -1)
+            seen = self._progress_seen.get((event.fleet, event.request_id))
             if event.generated == seen:
                 return False
             # Progress seqs are not stored: after a restart, a progress sent before it that
@@ -448,6 +442,20 @@ class Pipeline:
             self._wait(self._release(float("inf")))
             self.flush_audits()
 
+    def _apply(
+        self,
+        event: Any,
+        ingest_id: int,
+        violations: list[tuple[int, Violation]],
+        stream: list[StreamItem],
+        *,
+        derive: bool,
+    ) -> None:
+        """Apply one event; a finish hands its request's progress count to the mirror."""
+        self._applier.apply(event, ingest_id, violations, stream, derive=derive)
+        if event.type == "finish":
+            self._progress_seen.finished((event.fleet, event.request_id), event.ts)
+
     def _release(self, upto: float, batch: EventBatch | None = None) -> CommitJob | None:
         """Apply buffered events up to `upto`, then queue `batch` (the events being
         acknowledged) with everything derived for one transaction; the caller waits for
@@ -460,7 +468,7 @@ class Pipeline:
                 self._fleet(event.fleet).late_events += 1
             else:
                 self._last_applied = (ts, order)
-            self._applier.apply(event, ingest_id, violations, stream, derive=True)
+            self._apply(event, ingest_id, violations, stream, derive=True)
             applied += 1
         if applied:
             self._forget_finished(stream)
