@@ -9,11 +9,16 @@ everything held): each incremental form must equal the full computation it repla
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
+import pytest
 
 from shadow.service.ingest.step_samples import StepSamples
+from shadow.stream.trajectory import bucket
+from shadow.stream.window_metrics import SealedSteps, observed_window, span_metrics, tpot_inside
+from shadow.stream.windows import _Request
 
 # -- step samples ----------------------------------------------------------------------
 
@@ -33,3 +38,122 @@ def test_step_samples_array_equals_converting_every_kept_row():
         assert len(samples) == len(whole)
         if whole:
             np.testing.assert_array_equal(samples.array(), np.array(whole, dtype=np.float64))
+
+
+# -- observed_window -------------------------------------------------------------------
+
+
+def _observed_step_by_step(steps, t_start, t_end, workers, request_ids, queued, requests):
+    """`observed_window` as it was written: a loop per step and per request."""
+    held = sorted(
+        (start, g, duration, kv, running)
+        for (g, _), (start, duration, kv, running) in steps.items()
+        if start >= t_start - 1e-9
+    )
+    starts_list, groups = [], []
+    for entry in held:
+        if starts_list and entry[0] - starts_list[-1] <= 1e-6:
+            groups[-1].append(entry)
+        else:
+            starts_list.append(entry[0])
+            groups.append([entry])
+    starts = np.array(starts_list)
+    durations = np.array([max(e[2] for e in group) for group in groups])
+    running = np.array([sum(e[4] for e in group) for group in groups], dtype=np.int64)
+    loads = np.zeros((len(groups), workers), dtype=np.int64)
+    covering = {}
+    for row, group in enumerate(groups):
+        for start, g, duration, kv, _ in group:
+            covering[g] = (start + duration / 1000.0, kv)
+        for g, (end, kv) in covering.items():
+            if end > starts[row] + 1e-9:
+                loads[row, g] = kv
+    keep = running > 0
+    ends = starts + durations / 1000.0
+    firsts, lasts, wait = [], [], []
+    started = set(queued)
+    for rid in request_ids:
+        info = requests.get(rid)
+        if info is None or (rid in started and info.dispatch_ts is None):
+            continue
+        dispatched = -np.inf if info.dispatch_ts is None else info.dispatch_ts
+        finished = np.inf if info.finish_ts is None else info.finish_ts
+        firsts.append(np.searchsorted(starts, dispatched - 1e-9, side="left"))
+        lasts.append(np.searchsorted(ends, finished + 1e-9, side="right") - 1)
+    for rid in queued:
+        info = requests.get(rid)
+        if info is not None and info.dispatch_ts is not None and info.ready_ts is not None:
+            wait.append((info.dispatch_ts - max(info.ready_ts, t_start)) * 1000.0)
+    tpot = tpot_inside(ends * 1000.0, np.array(firsts, dtype=np.int64),
+                       np.array(lasts, dtype=np.int64))  # fmt: skip
+    span_s = t_end - t_start
+    metrics = span_metrics(starts[keep], durations[keep], loads[keep], running[keep], span_s,
+                           tpot, np.array(wait))  # fmt: skip
+    path = bucket((starts[keep] - t_start) * 1000.0, durations[keep], loads[keep], span_s * 1000.0)
+    return metrics, path
+
+
+def _random_window(seed: int, workers: int, lockstep: bool, jitter_s: float):
+    """Steps of `workers` engines over ~10 s (in lockstep, or each on its own clock;
+    `jitter_s` spreads starts that belong together, some chains past the 1e-6 s a row
+    allows), and requests dispatched and finished at random moments."""
+    rng = np.random.default_rng(seed)
+    t_start, t_end = 100.0, 110.0
+    steps = {}
+    clocks = np.full(workers, t_start - 0.2) + (0 if lockstep else rng.uniform(0, 0.05, workers))
+    number = np.zeros(workers, dtype=np.int64)
+    while clocks.min() < t_end + 0.5:
+        duration = float(rng.uniform(20.0, 90.0))
+        for g in range(workers):
+            if rng.random() < 0.1:
+                clocks[g] += float(rng.uniform(0.0, 0.3))  # idle for a while
+                continue
+            start = float(clocks[g]) + (float(rng.uniform(0, jitter_s)) if jitter_s else 0.0)
+            own = duration if lockstep else float(rng.uniform(20.0, 90.0))
+            steps[(g, int(number[g]))] = (start, own, int(rng.integers(0, 5000)),
+                                          int(rng.integers(0, 3)))  # fmt: skip
+            number[g] += 1
+            if not lockstep:
+                clocks[g] = start + own / 1000.0
+        if lockstep:
+            clocks[:] = clocks.max() + duration / 1000.0
+    requests, ids, queued = {}, [], []
+    for i in range(60):
+        rid = f"r{i}"
+        ready = float(rng.uniform(t_start - 5, t_end))
+        dispatch = ready + float(rng.uniform(0, 2)) if rng.random() < 0.85 else None
+        finish = dispatch + float(rng.uniform(0, 8)) if dispatch and rng.random() < 0.6 else None
+        requests[rid] = _Request(100, i, ready_ts=ready, dispatch_ts=dispatch, finish_ts=finish)
+        ids.append(rid)
+        if ready >= t_start or rng.random() < 0.3:
+            queued.append(rid)
+    requests.pop("r3")  # a request the tracker no longer knows
+    return steps, (t_start, t_end, workers, ids, queued, requests)
+
+
+def _assert_same(got, expected):
+    (metrics, path), (want_metrics, want_path) = got, expected
+    assert metrics.keys() == want_metrics.keys()
+    for name, value in want_metrics.items():
+        same = metrics[name]
+        assert value == same or (math.isnan(value) and math.isnan(same)), name
+    for field in ("t_ms", "loads", "imbalance", "gap", "step_ms"):
+        np.testing.assert_array_equal(getattr(path, field), getattr(want_path, field))
+
+
+@pytest.mark.parametrize(
+    ("workers", "lockstep", "jitter_s"),
+    [(1, True, 0.0), (4, True, 0.0), (8, True, 4e-7), (5, False, 0.0), (3, True, 3e-6)],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_observed_window_equals_the_step_by_step_definition(seed, workers, lockstep, jitter_s):
+    steps, args = _random_window(seed, workers, lockstep, jitter_s)
+    expected = _observed_step_by_step(steps, *args)
+    assert expected[0]["steps"] > 50
+    _assert_same(observed_window(steps, *args), expected)
+    _assert_same(observed_window(SealedSteps.of(steps, args[0]), *args), expected)
+
+
+def test_observed_window_of_no_steps():
+    _, args = _random_window(0, 2, True, 0.0)
+    _assert_same(observed_window({}, *args), _observed_step_by_step({}, *args))
