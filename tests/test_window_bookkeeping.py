@@ -9,16 +9,115 @@ everything held): each incremental form must equal the full computation it repla
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 
 import numpy as np
 import pytest
 
+from shadow.events import EVENT_ORDER, parse_ndjson
+from shadow.policies import make_policy
+from shadow.replay import replay
+from shadow.replay.events import iter_events
+from shadow.replay.workload import StepModel
+from shadow.service.ingest.apply import Applier, FleetState
+from shadow.service.ingest.pipeline import PipelineConfig
 from shadow.service.ingest.step_samples import StepSamples
+from shadow.stream.mirror import FleetMirror
 from shadow.stream.trajectory import bucket
 from shadow.stream.window_metrics import SealedSteps, observed_window, span_metrics, tpot_inside
-from shadow.stream.windows import _Request
+from shadow.stream.windows import WindowConfig, WindowTracker, _Request
+from shadow.workloads.synthetic import generate
+from shadow.workloads.traces import retime
+
+# -- due -------------------------------------------------------------------------------
+
+
+def _recorded_stream(seed: int, requests: int, drop_finishes: float) -> list:
+    """A replayed fleet's events in stream order, a share of its finishes lost (those
+    requests never finish: their windows wait for the lag or for the end)."""
+    rng = np.random.default_rng(seed)
+    model = StepModel()
+    workload = retime(generate("paper-azure2024", seed=seed, n=requests), load=1.0,
+                      workers=4, batch=8, step_model=model)  # fmt: skip
+    policy = ("jsq-pool", "random", "br0")[seed % 3]
+    result = replay(workload, make_policy(policy), workers=4, batch=8, step_model=model)
+    lines = [json.dumps(e) for e in iter_events(result, workload.prompt_keys)
+             if e["type"] != "finish" or rng.random() >= drop_finishes]  # fmt: skip
+    events, errors = parse_ndjson("\n".join(lines))
+    assert not errors
+    return sorted((e for _, e in events), key=lambda e: (e.ts, EVENT_ORDER[e.type]))
+
+
+def _due_by_scan(
+    tracker: WindowTracker, now: float, force: bool, finished: list[int] | None = None
+) -> list[int]:
+    """`due` as it was: every request of every closed window looked up again (those
+    due because all finished also go to `finished`)."""
+    ready = []
+    for index, window in tracker.windows.items():
+        if window.t_end is None:
+            continue
+        if not window.workers or not window.batch or not window.request_ids():
+            continue  # discarded by `due`
+        done = all(tracker.requests[rid].output is not None
+                   for rid in window.request_ids() if rid in tracker.requests)  # fmt: skip
+        if force or done or now - window.t_end > tracker.config.max_lag_s:
+            ready.append(index)
+            if done and finished is not None:
+                finished.append(index)
+    return ready
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_incremental_due_equals_the_full_scan_on_random_streams(seed):
+    windows = WindowConfig(length_s=3.0 + seed, max_lag_s=40.0 + 10 * seed)
+    config = PipelineConfig(audit_enabled=False, windows=windows)
+    states: dict[str, FleetState] = {}
+    applier = Applier(config, lambda fleet: states.setdefault(fleet, FleetState(fleet, config)))
+    events = _recorded_stream(seed, requests=300, drop_finishes=0.005 * seed)
+    rng = np.random.default_rng(seed)
+    checks = 0
+    evaluated: list[int] = []
+    finished: list[int] = []  # due as all their requests finished, not by the lag
+    for ingest_id, event in enumerate(events):
+        applier.apply(event, ingest_id, [], [], derive=True)
+        if rng.random() > 0.1:  # the pipeline asks after each batch, not each event
+            continue
+        tracker = states[event.fleet].tracker
+        now = tracker.mirror.now
+        expected = _due_by_scan(tracker, now, force=False, finished=finished)
+        assert tracker.due(now) == expected
+        checks += 1
+        for index in expected:
+            tracker.spec(index, StepModel())
+        evaluated += expected
+    tracker = next(iter(states.values())).tracker
+    tracker.close(tracker.mirror.now, final=True)
+    expected = _due_by_scan(tracker, tracker.mirror.now, force=True)
+    assert tracker.due(tracker.mirror.now, force=True) == expected
+    for index in expected:
+        tracker.spec(index, StepModel())
+    lagged = set(evaluated) - set(finished)
+    assert checks > 50 and finished and lagged and expected  # each way to be due
+    assert not tracker.windows and not tracker.requests  # every hold released
+
+
+def test_a_window_counts_its_unfinished_requests_once_per_hold():
+    mirror = FleetMirror("f")
+    mirror.apply_worker(0.0, "w0", 4, "up")
+    tracker = WindowTracker("f", mirror, WindowConfig(length_s=1.0))
+    tracker.before_event("ready", 0.1)
+    mirror.apply_ready(0.1, "a", 10, 1)
+    tracker.on_ready(0.1, "a")
+    window = tracker.current
+    assert window is not None and window.unfinished == 1
+    tracker.on_finish(0.5, "a", 7, natural=True)
+    assert window.unfinished == 0
+    tracker.on_finish(0.6, "a", 8, natural=True)  # a corrected count: no second finish
+    assert window.unfinished == 0
+
 
 # -- step samples ----------------------------------------------------------------------
 
