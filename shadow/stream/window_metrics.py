@@ -81,7 +81,7 @@ class SealedSteps:
     A window waits minutes for its requests to finish before it is evaluated (at
     G = 256, 4,300 steps a second, the dict of tuples held ~300 bytes a step: ~40 MiB a
     30 s window, a few of them waiting at once, more while the evaluation lags); the
-    columns hold 36 bytes a step, and `rows` gives back the very values."""
+    columns hold 36 bytes a step, and `observed_window` reads them as they are."""
 
     start: np.ndarray
     worker: np.ndarray
@@ -99,10 +99,6 @@ class SealedSteps:
             np.array([e[3] for e in held], dtype=np.int64),
             np.array([e[4] for e in held], dtype=np.int64),
         )
-
-    def rows(self) -> list[tuple[float, int, float, int, int]]:
-        return list(zip(self.start.tolist(), self.worker.tolist(), self.duration.tolist(),
-                        self.kv.tolist(), self.running.tolist(), strict=True))  # fmt: skip
 
     @property
     def nbytes(self) -> int:
@@ -134,45 +130,33 @@ def observed_window(
     there. `steps` is keyed (worker, its own step number); `queued` are the requests that
     were waiting at the start or arrived (a TPOT only once dispatched); or those steps
     sealed (`SealedSteps`), the same result."""
-    held = steps.rows() if isinstance(steps, SealedSteps) else _held(steps, t_start)
-    starts_list: list[float] = []
-    groups: list[list[tuple[float, int, float, int, int]]] = []
-    for entry in held:
-        if starts_list and entry[0] - starts_list[-1] <= 1e-6:
-            groups[-1].append(entry)
-        else:
-            starts_list.append(entry[0])
-            groups.append([entry])
-    starts = np.array(starts_list)
-    durations = np.array([max(e[2] for e in group) for group in groups])
-    running = np.array([sum(e[4] for e in group) for group in groups], dtype=np.int64)
-    loads = np.zeros((len(groups), workers), dtype=np.int64)
-    covering: dict[int, tuple[float, int]] = {}  # worker -> (its step's end, kv)
-    for row, group in enumerate(groups):
-        for start, g, duration, kv, _ in group:
-            covering[g] = (start + duration / 1000.0, kv)
-        for g, (end, kv) in covering.items():
-            if end > starts[row] + 1e-9:
-                loads[row, g] = kv
+    columns = steps if isinstance(steps, SealedSteps) else SealedSteps.of(steps, t_start)
+    first_of_group = _step_groups(columns.start)
+    starts = columns.start[first_of_group]
+    if first_of_group.size:
+        durations = np.maximum.reduceat(columns.duration, first_of_group)
+        running = np.add.reduceat(columns.running, first_of_group)
+    else:
+        durations = np.empty(0)
+        running = np.empty(0, dtype=np.int64)
+    loads = _covering_loads(columns, first_of_group, starts, workers)
     keep = running > 0  # steps with no active request are not steps
     ends = starts + durations / 1000.0
-    firsts, lasts, wait = [], [], []
+    dispatched, finished, wait = [], [], []
     started = set(queued)
     for rid in request_ids:
         info = requests.get(rid)
         if info is None or (rid in started and info.dispatch_ts is None):
             continue  # never dispatched: it decoded nothing, so it has no TPOT
-        dispatched = -np.inf if info.dispatch_ts is None else info.dispatch_ts
-        finished = np.inf if info.finish_ts is None else info.finish_ts
-        firsts.append(np.searchsorted(starts, dispatched - 1e-9, side="left"))
-        lasts.append(np.searchsorted(ends, finished + 1e-9, side="right") - 1)
+        dispatched.append(-math.inf if info.dispatch_ts is None else info.dispatch_ts)
+        finished.append(math.inf if info.finish_ts is None else info.finish_ts)
+    firsts = starts.searchsorted(np.array(dispatched, dtype=np.float64) - 1e-9, side="left")
+    lasts = ends.searchsorted(np.array(finished, dtype=np.float64) + 1e-9, side="right") - 1
     for rid in queued:
         info = requests.get(rid)
         if info is not None and info.dispatch_ts is not None and info.ready_ts is not None:
             wait.append((info.dispatch_ts - max(info.ready_ts, t_start)) * 1000.0)
-    tpot = tpot_inside(
-        ends * 1000.0, np.array(firsts, dtype=np.int64), np.array(lasts, dtype=np.int64)
-    )
+    tpot = tpot_inside(ends * 1000.0, firsts.astype(np.int64), lasts.astype(np.int64))
     span_s = t_end - t_start
     metrics = span_metrics(
         starts[keep], durations[keep], loads[keep], running[keep], span_s, tpot,
@@ -180,6 +164,49 @@ def observed_window(
     )  # fmt: skip
     path = bucket((starts[keep] - t_start) * 1000.0, durations[keep], loads[keep], span_s * 1000.0)
     return metrics, path
+
+
+def _step_groups(start: np.ndarray) -> np.ndarray:
+    """Index of the first step of each row: a row is the steps (sorted by start) within
+    1e-6 s of the row's first. Rows are found from the gaps between neighbours, which
+    decides every row whose steps span at most 1e-6 s (workers stepping together start at
+    the same moment); a row spanning more is cut again one step at a time."""
+    if not start.size:
+        return np.empty(0, dtype=np.int64)
+    firsts = np.flatnonzero(np.r_[True, np.diff(start) > 1e-6])
+    lasts = np.r_[firsts[1:], start.size] - 1
+    if not np.any(start[lasts] - start[firsts] > 1e-6):
+        return firsts
+    cut = [0]
+    for i in range(1, start.size):
+        if start[i] - start[cut[-1]] > 1e-6:
+            cut.append(i)
+    return np.array(cut, dtype=np.int64)
+
+
+def _covering_loads(
+    steps: SealedSteps, first_of_group: np.ndarray, starts: np.ndarray, workers: int
+) -> np.ndarray:
+    """Per row and worker, the kv of that worker's latest step up to the row when it
+    still runs at the row's start (0: idle, or no step yet)."""
+    rows = first_of_group.size
+    loads = np.zeros((rows, workers), dtype=np.int64)
+    if not rows:
+        return loads
+    opens_row = np.zeros(steps.start.size, dtype=np.int64)
+    opens_row[first_of_group] = 1
+    row_of = np.cumsum(opens_row) - 1  # each step's row
+    everyone = np.arange(rows)
+    for g in range(workers):
+        mine = np.flatnonzero(steps.worker == g)
+        if not mine.size:
+            continue
+        latest = row_of[mine].searchsorted(everyone, side="right") - 1
+        seen = latest >= 0
+        step = mine[latest[seen]]
+        end = steps.start[step] + steps.duration[step] / 1000.0
+        loads[everyone[seen], g] = np.where(end > starts[seen] + 1e-9, steps.kv[step], 0)
+    return loads
 
 
 def encode_tpot(values: np.ndarray | None) -> bytes | None:

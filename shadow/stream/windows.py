@@ -98,7 +98,9 @@ class _Request:
     finish_ts: float | None = None
     output: int | None = None
     progress: int = 0
-    refs: int = 0
+    #: the windows that hold it, once per time it is held: it is forgotten when none does,
+    #: and its finish tells each of them one request fewer is unfinished
+    windows: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -124,9 +126,16 @@ class _Window:
     mid_step: int = 0
     #: closed at the end of a recorded log: the evidence's last window
     final: bool = False
+    #: its requests (counted once per time it holds one) with no finish yet: `due` asks
+    #: this on every batch, where rescanning every request of every waiting window cost
+    #: the ingest path more than applying the events
+    unfinished: int = 0
 
     def request_ids(self) -> list[str]:
         return [rid for rid, _, _ in self.initial] + self.pool + self.arrivals
+
+    def holds_requests(self) -> bool:
+        return bool(self.initial or self.pool or self.arrivals)
 
     def blank(self) -> bool:
         """No request, no step and no dispatch in it yet."""
@@ -377,15 +386,18 @@ class WindowTracker:
         fleet = [w for w in mirror.order if w.state != "down"]
         position = {w.index: g for g, w in enumerate(fleet)}
         initial = []
+        held = []
         for worker in fleet:
             for request in worker.active.values():
                 initial.append((request.request_id, position[worker.index], request.generated()))
-                self._track(request.request_id, request.prompt_tokens, request.prompt_key)
+                held.append(self._track(request.request_id, request.prompt_tokens,
+                                        request.prompt_key))  # fmt: skip
         pool = list(mirror.pool)
         for rid in pool:
             request = mirror.pool[rid]
             info = self._track(rid, request.prompt_tokens, request.prompt_key)
             info.ready_ts = request.ready_ts
+            held.append(info)
         capacity = tuple(max(0, w.capacity) if w.accepting else 0 for w in fleet)
         recent = self._history[-self.config.history_limit :]
         window = _Window(
@@ -399,6 +411,8 @@ class WindowTracker:
             history=np.array([length for length, _ in recent], dtype=np.int64),
             history_keys=np.array([key for _, key in recent], dtype=np.int64),
         )
+        for info in held:
+            self._hold(window, info)
         self.windows[window.index] = window
         self.current = window
         self._count += 1
@@ -422,12 +436,18 @@ class WindowTracker:
         self._open(window.t_start)
 
     def _track(self, request_id: str, prompt: int, key: int) -> _Request:
+        """The tracked request `request_id` (new if none), about to be held by a window."""
         info = self.requests.get(request_id)
         if info is None:
             info = _Request(prompt, key)
             self.requests[request_id] = info
-        info.refs += 1
         return info
+
+    @staticmethod
+    def _hold(window: _Window, info: _Request) -> None:
+        info.windows.append(window.index)
+        if info.output is None:
+            window.unfinished += 1
 
     def on_ready(self, ts: float, request_id: str) -> None:
         request = self.mirror.requests.get(request_id)
@@ -436,6 +456,7 @@ class WindowTracker:
         info = self._track(request_id, request.prompt_tokens, request.prompt_key)
         info.ready_ts = ts
         self.current.arrivals.append(request_id)
+        self._hold(self.current, info)
 
     def on_dispatch(self, ts: float, request_id: str) -> None:
         if self.current is not None and self._last_step_end is not None:
@@ -450,6 +471,9 @@ class WindowTracker:
     def on_finish(self, ts: float, request_id: str, output_tokens: int, natural: bool) -> None:
         info = self.requests.get(request_id)
         if info is not None:
+            if info.output is None:
+                for index in info.windows:
+                    self.windows[index].unfinished -= 1
             info.finish_ts = ts
             info.output = output_tokens
         if natural:
@@ -492,15 +516,11 @@ class WindowTracker:
         for index, window in list(self.windows.items()):
             if window.t_end is None:
                 continue
-            if not window.workers or not window.batch or not window.request_ids():
+            if not window.workers or not window.batch or not window.holds_requests():
                 # nothing ran, or no worker took requests: no sample to compare
                 self.discard(index)
                 continue
-            done = all(
-                self.requests[rid].output is not None
-                for rid in window.request_ids()
-                if rid in self.requests
-            )
+            done = window.unfinished == 0
             if force or done or now - window.t_end > self.config.max_lag_s:
                 ready.append(index)
         return ready
@@ -587,8 +607,8 @@ class WindowTracker:
         for rid in window.request_ids():
             info = self.requests.get(rid)
             if info is not None:
-                info.refs -= 1
-                if info.refs <= 0:
+                info.windows.remove(window.index)
+                if not info.windows:
                     del self.requests[rid]
 
     def _observed(self, window: _Window) -> tuple[dict[str, float], Trajectory]:

@@ -9,7 +9,6 @@ the dispatch.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from shadow.events import (
     ReadyEvent,
     WorkerEvent,
 )
+from shadow.service.ingest.step_samples import StepSamples
 from shadow.service.store import UNJOIN, EventBatch
 from shadow.stream.fleet import FleetCore
 from shadow.stream.invariants import Violation
@@ -57,7 +57,7 @@ class FleetState:
         self.tracker = WindowTracker(fleet, self.mirror, config.windows)
         #: recent (step, kv, ms, ts) per worker step for the step-model fit; bounded, as
         #: the fit wants the fleet as it is now
-        self.step_samples: deque[tuple[int, int, float, float]] = deque(maxlen=STEP_SAMPLES_KEPT)
+        self.step_samples = StepSamples(STEP_SAMPLES_KEPT)
         self.fit: StepModelFit | None = None
         #: engine steps where the mirror's load or active count differed from the engine's
         self.state_mismatches = 0

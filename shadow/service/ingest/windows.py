@@ -76,10 +76,9 @@ class WindowScheduler:
 
     def step_model(self, state: FleetState) -> tuple[StepModel, bool]:
         """The fleet's calibrated step model, refitted from its engine steps."""
-        samples = state.step_samples
-        if not samples:
+        if not state.step_samples:
             return self.config.default_step_model, False
-        array = np.array(samples, dtype=np.float64)
+        array = state.step_samples.array()
         # One fleet step is the worker steps that start together (a barrier), found by
         # start time: each engine numbers its own steps, so numbers name no fleet step.
         begin = array[:, 3] - array[:, 2] / 1000.0
