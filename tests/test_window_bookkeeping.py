@@ -119,6 +119,42 @@ def test_a_window_counts_its_unfinished_requests_once_per_hold():
     assert window.unfinished == 0
 
 
+def test_arrivals_after_a_quiet_fleets_window_was_closed_and_evaluated_go_to_the_next():
+    """A flush on an idle fleet closes its window (`close`), which is then evaluated; the
+    next request's events open the next window, contiguous with it (they went into the
+    evaluated window: outside every window's evidence, and its finish then looked up a
+    window no longer held)."""
+    mirror = FleetMirror("f")
+    mirror.apply_worker(0.0, "w0", 4, "up")
+    tracker = WindowTracker("f", mirror, WindowConfig(length_s=30.0))
+
+    def request(rid: str, ready: float, finish: float) -> None:
+        tracker.before_event("ready", ready)
+        mirror.apply_ready(ready, rid, 10, None)
+        tracker.on_ready(ready, rid)
+        tracker.before_event("dispatch", ready)
+        mirror.apply_dispatch(ready, rid, "w0")
+        tracker.on_dispatch(ready, rid)
+        tracker.before_event("finish", finish)
+        mirror.apply_finish(finish, rid, 5, "length")
+        tracker.on_finish(finish, rid, 5, natural=True)
+
+    request("a", 0.1, 0.5)
+    tracker.close(mirror.now)  # idle, well before the 30 s boundary
+    assert tracker.due(mirror.now) == [0]
+    first = tracker.spec(0, StepModel())
+    assert first.t_end == 0.5 and not tracker.requests
+    request("b", 1.0, 1.4)
+    window = tracker.current
+    assert window is not None and window.index == 1
+    assert window.t_start == first.t_end and window.arrivals == ["b"]
+    assert window.unfinished == 0 and tracker.requests["b"].windows == [1]
+    tracker.close(mirror.now)
+    assert tracker.due(mirror.now) == [1]
+    assert tracker.spec(1, StepModel()).arrivals.output_tokens.tolist() == [5]
+    assert not tracker.requests
+
+
 # -- step samples ----------------------------------------------------------------------
 
 

@@ -357,6 +357,13 @@ class WindowTracker:
             self._open(ts)
             return
         window = self.current
+        if window is not None and window.t_end is not None:
+            # Ended early by `close` (a quiet fleet, on a flush): what comes now belongs
+            # to the next window, from that end on. Left current, the closed window took
+            # the next arrivals after it was evaluated: they were in no window's evidence.
+            self._pending_cut = None
+            self._open(window.t_end)
+            return
         if window is not None and window.t_end is None and window.blank():
             # Nothing has happened in it yet but fleet changes (the workers of a recorded
             # log come up after its first event opened the window): its start state is
