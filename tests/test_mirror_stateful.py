@@ -804,17 +804,29 @@ def runtime(tmp_path):
     runtime.close()
 
 
+def _one_life(request_id: str, capacity: int) -> list[dict]:
+    """A worker w0 and one request's whole life on it: ready, dispatch, progress 4,
+    finish with 6 tokens."""
+    return [
+        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": capacity},
+        {"type": "ready", "ts": 1.0, "request_id": request_id, "prompt_tokens": 50},
+        {"type": "dispatch", "ts": 2.0, "request_id": request_id, "worker": "w0"},
+        {"type": "progress", "ts": 3.0, "request_id": request_id, "generated": 4},
+        {
+            "type": "finish",
+            "ts": 4.0,
+            "request_id": request_id,
+            "output_tokens": 6,
+            "reason": "stop",
+        },
+    ]
+
+
 def test_late_duplicates_of_a_forgotten_request_change_nothing(runtime) -> None:
     """Events without a seq are not deduplicated by their seq: once the request is
     forgotten, the mirror itself must take them for what they are."""
     pipeline = runtime.pipeline
-    life = [
-        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 1},
-        {"type": "ready", "ts": 1.0, "request_id": "old", "prompt_tokens": 50},
-        {"type": "dispatch", "ts": 2.0, "request_id": "old", "worker": "w0"},
-        {"type": "progress", "ts": 3.0, "request_id": "old", "generated": 4},
-        {"type": "finish", "ts": 4.0, "request_id": "old", "output_tokens": 6, "reason": "stop"},
-    ]
+    life = _one_life("old", capacity=1)
     _send(pipeline, *life)
     _send(pipeline, {"type": "ready", "ts": 100.0, "request_id": "new", "prompt_tokens": 10})
     state = pipeline.fleets["default"]
@@ -843,13 +855,7 @@ def test_a_finished_requests_progress_memory_moves_into_the_mirror(runtime) -> N
     ahead is still a duplicate, one ahead is taken once, and the count goes when the
     mirror forgets the request (restarts: the stateful test above)."""
     pipeline = runtime.pipeline
-    life = [
-        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
-        {"type": "ready", "ts": 1.0, "request_id": "r", "prompt_tokens": 50},
-        {"type": "dispatch", "ts": 2.0, "request_id": "r", "worker": "w0"},
-        {"type": "progress", "ts": 3.0, "request_id": "r", "generated": 4},
-        {"type": "finish", "ts": 4.0, "request_id": "r", "output_tokens": 6, "reason": "stop"},
-    ]
+    life = _one_life("r", capacity=2)
     _send(pipeline, *life)
     state = pipeline.fleets["default"]
     done = state.mirror.requests["r"]
