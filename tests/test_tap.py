@@ -322,6 +322,10 @@ def test_other_paths_pass_through_without_events_and_metrics_count_every_byte(wo
     before = _metric(tap, "shadow_tap_bytes_total", 'worker="w1"')
     models = httpx.get(base + "/v1/models")
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "emulated-model"
+    # the engine's own headers, each once: the tap's server adds no `server` or `date`
+    direct = httpx.get(world[1].worker_urls[1] + "/v1/models")
+    assert sorted(models.headers.keys()) == sorted(direct.headers.keys())
+    assert models.headers.get_list("date") == [models.headers["date"]]
     assert _metric(tap, "shadow_tap_requests_total", 'endpoint="other",worker="w1"') >= 1
     header_id = uuid.uuid4().hex
     body = {"model": "m", "prompt": "p q", "max_tokens": 5, "stream": True}

@@ -34,6 +34,7 @@ import numpy as np
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadow.connectors.tap.upstream import UpstreamClient
 from shadow.world.process import REPO, ServerProcess, free_port
 from shadow.world.real_vllm import TINY_MODEL_OMP_THREADS, require_vllm_python
 from shadow.world.real_vllm import VllmUnavailable as VllmUnavailable
@@ -185,25 +186,35 @@ def serve_in_thread(app) -> tuple[str, uvicorn.Server]:
 
 
 async def _streams(base: str, requests: int, concurrency: int, max_tokens: int, prefix: str):
-    """Per request id: (received byte count, time) after every read."""
+    """Per request id: (received byte count, time) after every read. The client is the
+    tap's own upstream client: the bench's clients read every chunk of both paths, and
+    with httpx they took more CPU than anything but vLLM on a 2-core machine, loading
+    the very hops they time."""
     seen: dict[str, list[tuple[int, float]]] = {}
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=None) as client:
+    client = UpstreamClient()
 
-        async def one(i: int) -> None:
-            rid = f"{prefix}-{i}-{uuid.uuid4().hex[:8]}"
-            body = {"model": "tiny", "prompt": f"request {i} says hello", "stream": True,
-                    "max_tokens": max_tokens, "ignore_eos": True}  # fmt: skip
-            async with gate:
-                marks = seen.setdefault(rid, [])
-                got = 0
-                async with client.stream("POST", base + "/v1/completions", json=body,
-                                         headers={"x-request-id": rid}) as response:  # fmt: skip
-                    async for data in response.aiter_raw():
-                        got += len(data)
-                        marks.append((got, time.perf_counter()))
+    async def one(i: int) -> None:
+        rid = f"{prefix}-{i}-{uuid.uuid4().hex[:8]}"
+        body = json.dumps({"model": "tiny", "prompt": f"request {i} says hello",
+                           "stream": True, "max_tokens": max_tokens,
+                           "ignore_eos": True}).encode()  # fmt: skip
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", rid.encode())]
+        async with gate:
+            marks = seen.setdefault(rid, [])
+            got = 0
+            response = await client.send("POST", base + "/v1/completions", headers, body)
+            try:
+                while data := await response.read():
+                    got += len(data)
+                    marks.append((got, time.perf_counter()))
+            finally:
+                await response.aclose()
 
+    try:
         await asyncio.gather(*(one(i) for i in range(requests)))
+    finally:
+        await client.aclose()
     return seen
 
 

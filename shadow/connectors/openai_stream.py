@@ -49,11 +49,13 @@ MAX_CHOICES = 4096
 _decode = msgspec.json.Decoder().decode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Update:
     """The state of one choice after some bytes: cumulative `tokens` (exact unless
     `estimated`), and once `finished`, the mapped `reason` and the `raw_reason` behind it
-    (vLLM's `stop_reason`, or the reason as sent when it was mapped)."""
+    (vLLM's `stop_reason`, or the reason as sent when it was mapped). Not frozen: one is
+    built per chunk on the tap's hot path, and a frozen dataclass's `__init__` costs
+    several times a plain one's; nothing keeps or changes them after they are read."""
 
     choice: int
     tokens: int
@@ -108,12 +110,19 @@ class StreamAccountant:
         """Account for the next bytes of the response body."""
         if self._ended or not chunk:
             return []
-        self._buffer += chunk
         if not self.stream:
+            self._buffer += chunk
             return []  # a JSON body is read whole at close
         if not self._saw_event and len(self._head) < _HEAD_LIMIT:
             self._head += chunk
         updates: list[Update] = []
+        if not self._buffer and not self._data and chunk.startswith(b"data:"):
+            # the usual chunk, one whole event as vLLM writes it: no framing to carry over
+            end = chunk.find(b"\n")
+            if end == len(chunk) - 2 and chunk[-1] == 10:
+                self._payload(chunk[5:end].strip(), updates)
+                return updates
+        self._buffer += chunk
         buffer = self._buffer
         start = 0
         while True:
@@ -170,6 +179,9 @@ class StreamAccountant:
     def _event(self, updates: list[Update]) -> None:
         payload = b"\n".join(self._data).strip()
         self._data.clear()
+        self._payload(payload, updates)
+
+    def _payload(self, payload: bytes, updates: list[Update]) -> None:
         self._saw_event = True
         if payload == _DONE:
             self._ended = True

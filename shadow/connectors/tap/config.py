@@ -20,7 +20,8 @@ REQUEST_ID_SCHEMES = ("engine", "header")
 _ENGINE_KEYS = ("worker", "upstream", "listen", "path_prefix", "header", "dp_rank", "capacity")
 _TAP_KEYS = (
     "service", "token_file", "fleet", "source", "listen", "route_header", "metrics_listen",
-    "progress_interval_s", "request_ids", "policy", "emit_ready", "max_buffer", "engines",
+    "progress_interval_s", "flush_interval_s", "request_ids", "policy", "emit_ready",
+    "max_buffer", "engines",
 )  # fmt: skip
 
 
@@ -61,6 +62,10 @@ class TapConfig:
     #: where the tap's own /metrics is served besides the shared listener
     metrics_listen: tuple[str, int] | None = None
     progress_interval_s: float = 0.1
+    #: how often the tap posts its buffered events to the service: each post is a request
+    #: of its own, a cost per second whatever the traffic (at 0.05 s, a fifth of the
+    #: tap's CPU at 1,000 chunks/s); the service reorders events within seconds anyway
+    flush_interval_s: float = 0.25
     #: "engine": the id vLLM's engine gives the request (`cmpl-<X-Request-Id>-0`,
     #: `chatcmpl-<X-Request-Id>`), which the stat-logger plugin reports at finish, so the
     #: service joins the two; "header": the X-Request-Id itself, for a router that
@@ -180,13 +185,13 @@ def config_from_mapping(raw: dict[str, Any]) -> TapConfig:
     for key in ("listen", "metrics_listen"):
         if key in tap:
             values[key] = _address(tap[key], f"tap.{key}")
-    if "progress_interval_s" in tap:
-        interval = tap["progress_interval_s"]
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
-            raise TapConfigError(
-                f"tap.progress_interval_s: expected seconds >= 0, got {interval!r}"
-            )
-        values["progress_interval_s"] = float(interval)
+    for key, low in (("progress_interval_s", 0.0), ("flush_interval_s", 0.001)):
+        if key in tap:
+            interval = tap[key]
+            number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
+            if not number or interval < low:
+                raise TapConfigError(f"tap.{key}: expected seconds >= {low:g}, got {interval!r}")
+            values[key] = float(interval)
     if "emit_ready" in tap:
         if not isinstance(tap["emit_ready"], bool):
             got = tap["emit_ready"]

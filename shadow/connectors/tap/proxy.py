@@ -38,6 +38,7 @@ from shadow.connectors.openai_stream import StreamAccountant, Update
 from shadow.connectors.sink import HttpEventSink
 from shadow.connectors.tap.config import EngineConfig, TapConfig
 from shadow.connectors.tap.metrics import CONTENT_TYPE, TapMetrics
+from shadow.connectors.tap.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from shadow.events import (
     DispatchEvent,
     Event,
@@ -68,13 +69,15 @@ _FIELDS = {k: {f.name for f in msgspec.structs.fields(k)} for k in (FinishEvent,
 
 
 #: idle upstream connections are dropped after this: below the engines' own keep-alive
-#: (uvicorn's, so vLLM's, is 5 s, as is httpx's default expiry), so the tap never sends a
-#: request on a connection the engine is closing at that moment (answered 502)
+#: (uvicorn's, so vLLM's, is 5 s), so the tap never sends a request on a connection the
+#: engine is closing at that moment (answered 502)
 KEEPALIVE_EXPIRY_S = 2.0
 
 
 def proxy_client() -> httpx.AsyncClient:
-    """No read timeout (streams are long), a connection per stream in flight."""
+    """An httpx client shaped like the tap's upstream one (no read timeout, a connection
+    per stream in flight), for the emulated world's router, which is not on the tap's
+    per-chunk path."""
     return httpx.AsyncClient(
         timeout=httpx.Timeout(None, connect=5.0),
         limits=httpx.Limits(
@@ -171,7 +174,7 @@ class TapProxy:
         config: TapConfig,
         sink: HttpEventSink,
         *,
-        client: httpx.AsyncClient | None = None,
+        client: UpstreamClient | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
@@ -189,7 +192,7 @@ class TapProxy:
     async def start(self) -> None:
         """The client, and a `worker` up event per engine with a capacity."""
         if self._client is None:
-            self._client = proxy_client()
+            self._client = UpstreamClient(keepalive_expiry_s=KEEPALIVE_EXPIRY_S)
         now = time.time()
         for engine in self.config.engines:
             if engine.capacity is not None:
@@ -270,15 +273,13 @@ class TapProxy:
         query = scope.get("query_string", b"")
         url = engine.upstream + path + ("?" + query.decode("latin-1") if query else "")
         assert self._client is not None
-        request = self._client.build_request(scope["method"], url, headers=headers,
-                                             content=bytes(body))  # fmt: skip
         try:
-            upstream = await self._client.send(request, stream=True)
-        except httpx.HTTPError as error:
+            upstream = await self._client.send(scope["method"], url, headers, bytes(body))
+        except UpstreamError as error:
             self.metrics.upstream_errors.labels(engine.worker).inc()
             if state is not None:
-                self._close(state, upstream_error=str(error) or type(error).__name__)
-            reason = f"engine {engine.worker} unreachable: {type(error).__name__}"
+                self._close(state, upstream_error=str(error))
+            reason = f"engine {engine.worker} unreachable: {error}"
             await _respond(send, 502, json.dumps({"error": reason}).encode())
             return
         await self._relay(engine, upstream, state, receive, send)
@@ -297,7 +298,7 @@ class TapProxy:
     async def _relay(
         self,
         engine: EngineConfig,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         state: _Request | None,
         receive: Receive,
         send: Send,
@@ -306,7 +307,7 @@ class TapProxy:
         first to end decides how the request ended."""
         headers = [
             (k.lower(), v)
-            for k, v in upstream.headers.raw
+            for k, v in upstream.raw_headers
             if k.decode("latin-1").lower() not in _RESPONSE_DROP
         ]
         await send({"type": "http.response.start", "status": upstream.status_code,
@@ -330,7 +331,7 @@ class TapProxy:
     async def _pump(
         self,
         engine: EngineConfig,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         state: _Request | None,
         send: Send,
     ) -> None:
@@ -340,7 +341,8 @@ class TapProxy:
         clock = time.perf_counter
         error: str | None = None
         try:
-            async for chunk in upstream.aiter_raw():
+            read = upstream.read
+            while chunk := await read():
                 arrived = clock()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 latency(clock() - arrived)
@@ -348,8 +350,8 @@ class TapProxy:
                 passed[1] += len(chunk)
                 if state is not None:
                     self._apply(state, state.accountant.feed(chunk))
-        except httpx.HTTPError as failure:
-            error = str(failure) or type(failure).__name__
+        except UpstreamError as failure:
+            error = str(failure)
             self.metrics.upstream_errors.labels(worker).inc()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if state is not None:
