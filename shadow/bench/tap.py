@@ -5,7 +5,8 @@ both meet the same load on a shared machine). Between vLLM and both paths sits a
 a process of its own: it relays vLLM's bytes and stamps each chunk as it writes it; the
 client stamps the moment it has received every byte up to that chunk's end. Their
 difference is the hop's latency per chunk, on the machine's monotonic clock; what the tap
-adds is the tapped hop less the straight one (P50 and P99 of each). The tap runs in its
+adds is the tapped hop less the straight one (P50 and P99 of each), over the chunks whose
+hop spanned no stall of the whole machine (`bench.stalls`; those are counted). The tap runs in its
 own process (sending its events to a real `shadow serve`), so its CPU time per 1,000
 chunks is read from the kernel and nothing else is counted in it.
 
@@ -34,6 +35,7 @@ import numpy as np
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadow.bench.stalls import Heartbeat, overlaps_stall
 from shadow.connectors.tap.upstream import UpstreamClient
 from shadow.world.process import REPO, ServerProcess, free_port
 from shadow.world.real_vllm import TINY_MODEL_OMP_THREADS, require_vllm_python
@@ -232,17 +234,27 @@ def _recorded(recorder_url: str) -> tuple[dict, dict]:
     return record["stamps"], record["digests"]
 
 
-def _hop_ms(stamps: dict, seen: dict) -> np.ndarray:
-    """Per chunk: when the client had every byte of it, less when the recorder wrote it."""
-    delays = []
+def _hops(stamps: dict, seen: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk: when the recorder wrote it and when the client had every byte of it
+    (s, the machine's monotonic clock)."""
+    written, received = [], []
     for rid, marks in seen.items():
         offsets = np.array([m[0] for m in marks])
         times = np.array([m[1] for m in marks])
         for end, sent in stamps.get(rid, ()):
             k = int(np.searchsorted(offsets, end))
             if k < len(times):
-                delays.append((times[k] - sent) * 1000)
-    return np.array(delays)
+                written.append(sent)
+                received.append(times[k])
+    return np.array(written, dtype=float), np.array(received, dtype=float)
+
+
+def _hop_ms(stamps: dict, seen: dict, stalls: np.ndarray) -> tuple[np.ndarray, int]:
+    """The hop of every chunk whose way spanned no stall of the machine (ms), and how
+    many were left out because one did."""
+    written, received = _hops(stamps, seen)
+    stalled = overlaps_stall(written, received, stalls)
+    return (received[~stalled] - written[~stalled]) * 1000, int(stalled.sum())
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -271,6 +283,13 @@ class TapBench:
     #: and the scheduler's waits that the end-to-end difference carries.
     handoff_p50_ms: float | None = None
     handoff_p99_ms: float | None = None
+    #: the machine's stalls while the streams ran (`bench.stalls`: a heartbeat that could
+    #: not run for over 5 ms), their total length, and the chunks of each path whose hop
+    #: spanned one: left out of both paths' percentiles, which measure the rest
+    stalls: int = 0
+    stalled_s: float = 0.0
+    direct_stalled: int = 0
+    tap_stalled: int = 0
 
 
 def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapBench:
@@ -303,13 +322,16 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
             _recorded(recorder_url)
             metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
             handoff_before = _handoff_buckets(httpx.get(metrics_url).text)
+            heartbeat = Heartbeat(work / "stalls.json").start()
             cpu_before, started = _cpu_seconds(tap.pid), time.perf_counter()
             direct, through = asyncio.run(_both(recorder_url, tap_url, requests, concurrency,
                                                 max_tokens))  # fmt: skip
             elapsed, cpu = time.perf_counter() - started, _cpu_seconds(tap.pid) - cpu_before
+            stalls = heartbeat.stop()
             handoff_after = _handoff_buckets(httpx.get(metrics_url).text)
             stamps = _recorded(recorder_url)[0]
-            direct_ms, tap_ms = _hop_ms(stamps, direct), _hop_ms(stamps, through)
+            (direct_ms, direct_stalled), (tap_ms, tap_stalled) = (
+                _hop_ms(stamps, direct, stalls), _hop_ms(stamps, through, stalls))  # fmt: skip
         finally:
             if tap is not None and tap.poll() is None:
                 tap.send_signal(signal.SIGINT)
@@ -320,7 +342,7 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
             if service is not None:
                 service.stop()
             engine.stop()
-    chunks = len(tap_ms)
+    chunks = len(tap_ms) + tap_stalled
     d50, d99 = (float(np.percentile(direct_ms, q)) for q in (50, 99))
     t50, t99 = (float(np.percentile(tap_ms, q)) for q in (50, 99))
     per_1000 = cpu / chunks * 1000
@@ -333,6 +355,8 @@ def run(requests: int = 48, concurrency: int = 8, max_tokens: int = 128) -> TapB
         cpu_met=per_1000 <= TARGET_CPU_S_PER_1000,
         handoff_p50_ms=_bucket_quantile(handoff, 0.50),
         handoff_p99_ms=_bucket_quantile(handoff, 0.99),
+        stalls=len(stalls), stalled_s=float((stalls[:, 1] - stalls[:, 0]).sum()),
+        direct_stalled=direct_stalled, tap_stalled=tap_stalled,
     )  # fmt: skip
 
 

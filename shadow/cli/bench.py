@@ -427,6 +427,12 @@ def bench_tap(
         table.add_row("tap's own hand-off, ms (bucket bound)", f"<= {result.handoff_p50_ms:g}",
                       f"<= {result.handoff_p99_ms:g}", "")  # fmt: skip
     console.print(table)
+    console.print(
+        f"the machine stood still {result.stalls} times, {result.stalled_s:.2f} s in all (a "
+        f"heartbeat that could not run for over 5 ms): {result.direct_stalled:,} straight and "
+        f"{result.tap_stalled:,} tapped chunks whose hop spanned a stall are left out of the "
+        "percentiles above"
+    )
     if result.p99_met is None:
         console.print(
             f"the straight hop's own P99 is {result.direct_p99_ms:.1f} ms (> "
