@@ -1,6 +1,13 @@
 """Sustained ingest rate with the decision audit and the invariants on, for an 8-worker
 recorded log (a JSQ replay of the `paper-azure2024` preset): from a file through the
-pipeline `shadow ingest` uses, and over HTTP in batches through `shadow serve`."""
+pipeline `shadow ingest` uses, and over HTTP in batches through `shadow serve`.
+
+With `counterfactuals` the windows are on too: every candidate's continuous
+counterfactual replays the fleet in the window worker beside the ingest. The clock then
+stops only once the last window is stored (the end of input closes the last window,
+which drains the runs), so the rate is what the service sustains with all of its
+evidence made, not only what it acknowledges; the rate at the last acknowledgement is
+reported beside it."""
 
 from __future__ import annotations
 
@@ -28,9 +35,16 @@ from shadow.world.process import ServerProcess
 class IngestBench:
     path: str
     events: int
+    #: until everything is stored: the events, their audits and (with the windows on)
+    #: every window the log makes
     seconds: float
     events_per_s: float
     target: float
+    #: windows stored (None: windows off)
+    windows: int | None = None
+    #: until the last event was applied and acknowledged (with the windows on, the
+    #: windows' evaluation may still be running then)
+    acknowledged_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -52,40 +66,86 @@ def record(root: Path, requests: int, seed: int = 0) -> Recording:
     return Recording(log, count, float(result.step_end_ms[-1]) / 1000.0)
 
 
-def bench_file(recording: Recording, db: Path) -> IngestBench:
-    settings = load_settings(None, db=db, windows=False)
+def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) -> IngestBench:
+    settings = load_settings(None, db=db, windows=counterfactuals)
     runtime = Runtime(settings)
     try:
         started = time.perf_counter()
         for pairs, errors in iter_file(recording.log, batch_size=10_000):
             runtime.pipeline.submit(pairs, errors)
         runtime.pipeline.drain()  # applies the rest and waits for every audit
+        acknowledged = time.perf_counter() - started
+        windows = None
+        if counterfactuals:
+            runtime.pipeline.finish()  # closes the last window, waits for every window
+            windows = runtime.pipeline.windows_evaluated
         seconds = time.perf_counter() - started
     finally:
         runtime.close()
-    return IngestBench("file", recording.events, seconds, recording.events / seconds, 50_000)
+    return IngestBench("file", recording.events, seconds, recording.events / seconds, 50_000,
+                       windows, acknowledged)  # fmt: skip
 
 
-def bench_http(recording: Recording, db: Path, batch: int = 1000) -> IngestBench:
+def bench_http(
+    recording: Recording,
+    db: Path,
+    batch: int = 1000,
+    *,
+    counterfactuals: bool = False,
+    windows_expected: int | None = None,
+    windows_timeout_s: float = 600.0,
+) -> IngestBench:
+    """Over HTTP; with `counterfactuals`, the clock runs until the service has stored
+    `windows_expected` windows (the file pass's count: the same log makes the same
+    windows), asking with `POST /v1/flush?final=true` as a client at the end of its
+    traffic does."""
     config = db.with_suffix(".toml")
-    config.write_text("windows = false\n")
+    config.write_text(f"windows = {'true' if counterfactuals else 'false'}\n")
     server = ServerProcess(db, config).start()
     lines = recording.log.read_bytes().splitlines(keepends=True)
     bodies = [b"".join(lines[i : i + batch]) for i in range(0, len(lines), batch)]
+    windows = None
     try:
         with httpx.Client(timeout=120) as client:
             started = time.perf_counter()
             for body in bodies:
                 response = client.post(f"{server.url}/v1/events", content=body)
                 response.raise_for_status()
-            client.post(f"{server.url}/v1/flush").raise_for_status()
+            flush = client.post(f"{server.url}/v1/flush", params={"final": counterfactuals})
+            flush.raise_for_status()
+            acknowledged = time.perf_counter() - started
+            if counterfactuals:
+                windows = _wait_for_windows(client, server.url, windows_expected,
+                                            started + windows_timeout_s)  # fmt: skip
             seconds = time.perf_counter() - started
     finally:
         server.stop()
     return IngestBench(
         f"http (batches of {batch})", recording.events, seconds, recording.events / seconds,
-        20_000,
+        20_000, windows, acknowledged,
     )  # fmt: skip
+
+
+def _wait_for_windows(client: httpx.Client, url: str, expected: int | None, deadline: float) -> int:
+    """Ask for the stored windows until `expected` are (or, without an expectation, until
+    the count has not moved for 5 s); past `deadline`, the bench fails naming the count."""
+    last, still_since = -1, time.perf_counter()
+    while True:
+        response = client.post(f"{url}/v1/flush", params={"final": True})
+        response.raise_for_status()
+        count = int(response.json()["windows_evaluated"])
+        now = time.perf_counter()
+        if expected is not None and count >= expected:
+            return count
+        if count != last:
+            last, still_since = count, now
+        elif expected is None and now - still_since >= 5.0:
+            return count
+        if now > deadline:
+            raise TimeoutError(
+                f"the service stored {count} of {expected} windows before the bench's deadline"
+            )
+        time.sleep(0.1)
 
 
 def database_size(db: Path) -> int:
@@ -95,20 +155,22 @@ def database_size(db: Path) -> int:
     return db.stat().st_size
 
 
-def run(requests: int = 10_000, workdir: Path | None = None) -> dict:
+def run(requests: int = 10_000, workdir: Path | None = None, counterfactuals: bool = False) -> dict:
     """Both ingest benchmarks in `workdir` (kept), or in a temporary folder (`workspace`)."""
     with workspace(workdir, "shadow-bench-") as root:
-        return _run_in(root, requests)
+        return _run_in(root, requests, counterfactuals)
 
 
-def _run_in(root: Path, requests: int) -> dict:
+def _run_in(root: Path, requests: int, counterfactuals: bool) -> dict:
     recording = record(root, requests)
-    file_result = bench_file(recording, root / "file.duckdb")
+    file_result = bench_file(recording, root / "file.duckdb", counterfactuals)
     size = database_size(root / "file.duckdb")
-    http_result = bench_http(recording, root / "http.duckdb")
+    http_result = bench_http(recording, root / "http.duckdb", counterfactuals=counterfactuals,
+                             windows_expected=file_result.windows)  # fmt: skip
     per_day = size * 86_400 / recording.fleet_seconds
     return {
         "log": {"events": recording.events, "fleet_seconds": recording.fleet_seconds},
+        "counterfactuals": counterfactuals,
         "results": [asdict(file_result), asdict(http_result)],
         "database_bytes": size,
         "database_bytes_per_day_8_workers": per_day,
