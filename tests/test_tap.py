@@ -339,6 +339,24 @@ def test_other_paths_pass_through_without_events_and_metrics_count_every_byte(wo
     assert _metric(tap, "shadow_tap_events_sent_total", "") > 0
 
 
+def test_the_path_goes_as_the_client_encoded_it_and_expect_stays_with_the_tap(world):
+    """A space or `?` the client percent-encoded reaches the engine encoded (the engine's
+    own answer, not a request line the tap broke); an `Expect: 100-continue` is the
+    tap's to answer (it reads the body first), never forwarded for a second answer."""
+    tap = world[3]
+    engine_url = world[1].worker_urls[1]
+    for path in ("/v1/models%20x", "/v1/models%3Fx=1", "/v1/%E2%82%AC"):
+        direct = httpx.get(engine_url + path)
+        through = httpx.get(_routes(tap)["w1"][0] + path)
+        assert (through.status_code, through.content) == (direct.status_code, direct.content)
+    base, extra = _routes(tap)["w1"]
+    header_id = uuid.uuid4().hex
+    body = {"model": "m", "prompt": "p q", "max_tokens": 3, "stream": False}
+    headers = {"x-request-id": header_id, "expect": "100-continue", **extra}
+    status, data, _ = _stream(base + "/v1/completions", body, headers)
+    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 3
+
+
 def _sent_digest(fleet, key: str, timeout_s: float = 5.0) -> str:
     """The digest the emulated worker records once its response is written: the client can
     read the last byte a moment before the worker's code after it has run."""

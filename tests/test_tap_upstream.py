@@ -238,3 +238,76 @@ def test_a_response_left_unread_closes_its_connection():
             await client.aclose()
 
     run(main())
+
+
+def test_an_interim_100_continue_is_skipped_and_the_next_request_gets_its_own_answer():
+    """An engine that answers `100 Continue` first (uvicorn does, to an `Expect` header):
+    the answer is the 200 after it, and the connection stays in step."""
+
+    async def script(reader, writer, n):
+        body = b"resp-%d" % n
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the interim answer arrives on its own, as over a network
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+    async def main():
+        async with Engine(script) as engine:
+            client = UpstreamClient()
+            for n in (1, 2):
+                response = await client.send("POST", engine.url + "/v1/completions", [], b"{}")
+                assert (response.status_code, await response.aread()) == (200, b"resp-%d" % n)
+                await response.aclose()
+            assert engine.connections == 1
+            await client.aclose()
+
+    run(main())
+
+
+def test_a_head_answer_with_a_length_does_not_shift_the_next_answer():
+    """vLLM answers `HEAD /health` with 405 and `content-length: 31` but no body: the
+    next request must not read its answer through that length."""
+
+    async def script(reader, writer, n):
+        if n == 1:
+            writer.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 31\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    async def main():
+        async with Engine(script) as engine:
+            client = UpstreamClient()
+            response = await client.send("HEAD", engine.url + "/health", [])
+            assert (response.status_code, await response.aread()) == (405, b"")
+            await response.aclose()
+            response = await client.send("GET", engine.url + "/v1/models", [])
+            assert (response.status_code, await response.aread()) == (200, b"ok")
+            await response.aclose()
+            await client.aclose()
+
+    run(main())
+
+
+def test_a_post_whose_reused_connection_dies_unanswered_is_not_sent_again():
+    """The engine read the request and died before answering (a non-streaming answer
+    sends nothing until it is done): a generation must not run twice."""
+
+    async def script(reader, writer, n):
+        if n == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        else:
+            await asyncio.sleep(0.2)
+            writer.transport.abort()
+
+    async def main():
+        async with Engine(script) as engine:
+            client = UpstreamClient(keepalive_expiry_s=60)
+            response = await client.send("POST", engine.url + "/v1/completions", [], b"{}")
+            assert await response.aread() == b"ok"
+            await response.aclose()
+            with pytest.raises(UpstreamError, match="before the response"):
+                await client.send("POST", engine.url + "/v1/completions", [], b"{}")
+            assert len(engine.requests) == 2, "sent once each, never again"
+            await client.aclose()
+
+    run(main())

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -56,10 +57,12 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 #: Headers a proxy must not forward (RFC 9110's connection-specific ones; host, which the
-#: client sets for the upstream; the request's length, which httpx recomputes).
+#: client sets for the upstream; the request's length, which the client recomputes; and
+#: `expect`: the tap has read the whole body before it forwards the request, so the
+#: engine's `100 Continue` would only be a second answer).
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-     "trailer", "transfer-encoding", "upgrade", "content-length", "host"}
+     "trailer", "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 )  # fmt: skip
 #: response headers not forwarded (the length is kept: the raw body is passed unchanged)
 _RESPONSE_DROP = frozenset(HOP_BY_HOP - {"content-length"})
@@ -212,17 +215,24 @@ class TapProxy:
 
     # ------------------------------------------------------------------ routing
 
-    def _route(self, engine: EngineConfig | None, scope: Scope) -> tuple[EngineConfig, str] | None:
+    def _route(
+        self, engine: EngineConfig | None, scope: Scope
+    ) -> tuple[EngineConfig, str, str] | None:
+        """The engine, the path it is asked for (decoded, what the tap reads) and the same
+        path as the client wrote it (percent-encoded, what the tap forwards: a decoded
+        space or `?` would change the request)."""
         path: str = scope["path"]
+        raw = scope.get("raw_path")
+        wire = raw.decode("latin-1") if raw else quote(path)
         if engine is not None:
-            return engine, path
+            return engine, path, wire
         for prefix, candidate in self._prefixes:
             if path == prefix or path.startswith(prefix + "/"):
-                return candidate, path[len(prefix) :] or "/"
+                return candidate, path[len(prefix) :] or "/", _strip_prefix(wire, prefix) or "/"
         for key, value in scope["headers"]:
             if key == self._route_header:
                 found = self._headers.get(value.decode("latin-1"))
-                return None if found is None else (found, path)
+                return None if found is None else (found, path, wire)
         return None
 
     async def _handle(
@@ -238,7 +248,7 @@ class TapProxy:
                        f"{self.config.route_header} to an engine's header value")  # fmt: skip
             await _respond(send, 404, json.dumps({"error": message}).encode())
             return
-        engine, path = routed
+        engine, path, wire = routed
         body = bytearray()
         while True:
             message = await receive()
@@ -271,7 +281,7 @@ class TapProxy:
             headers = [(k, v) for k, v in headers if k != b"x-data-parallel-rank"]
             headers.append((b"x-data-parallel-rank", str(engine.dp_rank).encode()))
         query = scope.get("query_string", b"")
-        url = engine.upstream + path + ("?" + query.decode("latin-1") if query else "")
+        url = engine.upstream + wire + ("?" + query.decode("latin-1") if query else "")
         assert self._client is not None
         try:
             upstream = await self._client.send(scope["method"], url, headers, bytes(body))
@@ -321,10 +331,12 @@ class TapProxy:
             watch.cancel()
             if not pump.done():
                 pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
-            with contextlib.suppress(Exception):
-                await upstream.aclose()
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+            finally:  # whatever the pump raised, the engine's connection is let go
+                with contextlib.suppress(Exception):
+                    await upstream.aclose()
             if gone and state is not None:
                 self._close(state, client_gone=True)
 
@@ -482,6 +494,16 @@ class TapProxy:
         for i in range(len(state.ids)):
             if not state.finished[i]:
                 self._finish(state, i, state.tokens[i], True, forced or "error", None)
+
+
+def _strip_prefix(wire: str, prefix: str) -> str:
+    """The encoded path less the route's prefix (matched on the decoded path: a prefix
+    is plain, `/w0`, but the client may have encoded any of its characters)."""
+    if wire.startswith(prefix):
+        return wire[len(prefix) :]
+    depth = prefix.count("/")  # the prefix's segments, however they were encoded
+    parts = wire.split("/", depth + 1)
+    return "/" + parts[depth + 1] if len(parts) > depth + 1 else ""
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:

@@ -5,13 +5,14 @@ anyio, h11 and sniffio, about two thirds of the tap's CPU per chunk (a profile o
 tap` relaying 12,000 vLLM-shaped chunks). Here a chunk is one `data_received`, one
 `feed_data` in C and one wake-up of the relaying task.
 
-What it does and no more: one request per connection at a time, keep-alive with a pool per
-host (idle connections expire after `keepalive_expiry_s`, below the engines' own 5 s),
-the body as the engine framed it, de-chunked (`read`, several pieces that arrived
-together joined into one), bounded buffering (the socket stops being read past
-`HIGH_WATER` bytes waiting for a slow client), a connect timeout and no read timeout.
-Nothing is added to the request but `Host` and `Content-Length`; nothing is decoded.
-Failures raise `UpstreamError`.
+What it does and no more: one request per connection at a time, keep-alive with a pool
+per host (idle connections expire after `keepalive_expiry_s`, below the engines' own 5 s;
+a GET, HEAD or OPTIONS that finds its reused connection closed goes again on a new one),
+interim 1xx answers skipped, the body as the engine framed it, de-chunked (`read`,
+several pieces that arrived together joined into one), bounded buffering (the socket
+stops being read past `HIGH_WATER` bytes waiting for a slow client), a connect timeout
+and no read timeout. Nothing is added to the request but `Host` and `Content-Length`;
+nothing is decoded. Failures raise `UpstreamError`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import httptools
 #: again below LOW_WATER
 HIGH_WATER = 1 << 20
 LOW_WATER = 1 << 18
+
+
+#: requests sent again on a new connection when a reused one is lost before any answer
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class UpstreamError(Exception):
@@ -125,6 +130,8 @@ class _Connection(asyncio.Protocol):
         self.key = key
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
+        #: an interim 1xx answer (100 Continue) is being read: the real one follows
+        self._interim = False
         self._response: UpstreamResponse | None = None
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._head_only = False
@@ -179,10 +186,15 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self._response
         assert response is not None and self._head is not None
-        response.status_code = self._parser.get_status_code()
-        self._keep_alive = self._parser.should_keep_alive()
-        status = response.status_code
-        if self._head_only or status in (204, 304) or 100 <= status < 200:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # 101 is an upgrade: httptools raises it as one
+            self._interim = True  # not the answer: its head is dropped, the answer follows
+            response.raw_headers.clear()
+            self._framed = False
+            return
+        response.status_code = status
+        self._keep_alive = self._parser.should_keep_alive() and not self._head_only
+        if self._head_only or status in (204, 304):
             self._framed = True
         if not self._head.done():
             self._head.set_result(response)
@@ -194,7 +206,9 @@ class _Connection(asyncio.Protocol):
         self._response._body(body)
 
     def on_message_complete(self) -> None:
-        if not self._head_only:
+        if self._interim:
+            self._interim = False
+        elif not self._head_only:
             self._message_complete()
 
     def _message_complete(self) -> None:
@@ -206,6 +220,11 @@ class _Connection(asyncio.Protocol):
 
     def start(self, request: bytes, head_only: bool) -> asyncio.Future[UpstreamResponse]:
         assert self.transport is not None
+        # a parser per exchange: an answer it could not delimit (a HEAD's, whose length
+        # describes a body that never comes) cannot shift the next one; after a HEAD the
+        # connection is not reused at all (`_keep_alive`)
+        self._parser = httptools.HttpResponseParser(self)
+        self._interim = False
         self._response = UpstreamResponse(self)
         self._head = asyncio.get_running_loop().create_future()
         self._head_only = head_only
@@ -275,11 +294,11 @@ class UpstreamClient:
             try:
                 return await self._exchange(connection, request, method)
             except UpstreamError:
-                # the engine closed the idle connection as the request went out: it never
-                # read it, so it goes again on a new connection
-                if not connection.answered:
-                    connection = None
-                else:
+                # A reused connection lost before any answer: the engine most likely
+                # closed it idle as the request went out, but it may also have read the
+                # request and died computing it (a non-streaming answer sends nothing
+                # until the end). Only a request that may run twice goes again.
+                if connection.answered or method not in IDEMPOTENT:
                     raise
         return await self._exchange(await self._connect(key), request, method)
 
