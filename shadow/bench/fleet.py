@@ -332,15 +332,16 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
 
 def _service_config(
     db: Path, audit_sampling: bool, counterfactuals: bool = False,
-    max_audit_backlog: int | None = None,
+    max_audit_backlog: int | None = None, duckdb_memory_mb: int | None = None,
 ) -> Path:  # fmt: skip
     """The service's TOML for a pass: windows (the continuous counterfactuals) only when
     asked; the audit's sampling as asked; the audit's backlog bound (sampling starts at
-    half of it) the service's default unless given."""
+    half of it) and DuckDB's buffer pool the service's defaults unless given."""
     config = db.with_suffix(".toml")
     sampling = "true" if audit_sampling else "false"
     windows = "true" if counterfactuals else "false"
-    text = f"[ingest]\nwindows_enabled = {windows}\naudit_sampling = {sampling}\n"
+    text = "" if duckdb_memory_mb is None else f"duckdb_memory_mb = {int(duckdb_memory_mb)}\n"
+    text += f"[ingest]\nwindows_enabled = {windows}\naudit_sampling = {sampling}\n"
     if max_audit_backlog is not None:
         text += f"[limits]\nmax_audit_backlog = {max_audit_backlog}\n"
     config.write_text(text)
@@ -354,9 +355,11 @@ def ingest_file(
     audit_sampling: bool = False,
     counterfactuals: bool = False,
     max_audit_backlog: int | None = None,
+    duckdb_memory_mb: int | None = None,
 ) -> dict:
     """The pipeline of `shadow ingest`, as fast as it goes, with the audit worker."""
-    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog)
+    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog,
+                             duckdb_memory_mb)  # fmt: skip
     runtime = Runtime(load_settings(config, db=db))
     pipeline = runtime.pipeline
     samples: list[Sample] = []
@@ -482,11 +485,13 @@ def ingest_http(
     audit_sampling: bool = False,
     counterfactuals: bool = False,
     max_audit_backlog: int | None = None,
+    duckdb_memory_mb: int | None = None,
 ) -> dict:
     """`shadow serve` fed at the fleet's real-time rate: the stream cut into `slice_s` of
     fleet time, slice `i` sent by sender `i % senders` once it has happened (a fleet has
     many sources posting at once; slices stay within the reorder window of each other)."""
-    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog)
+    config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog,
+                             duckdb_memory_mb)  # fmt: skip
     slices = _slices(recording.log, slice_s)
     server = ServerProcess(db, config).start()
     acked = _Acked()
@@ -601,6 +606,7 @@ def run(
     audit_sampling: bool = False,
     counterfactuals: bool = False,
     max_audit_backlog: int | None = None,
+    duckdb_memory_mb: int | None = None,
     note: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Record the fleet, then the three passes, in `workdir` (kept) or a temporary one."""
@@ -619,13 +625,15 @@ def run(
             "arrival_rate_per_s": recording.arrival_rate,
             "required_events_per_s": recording.required_events_per_s,
             "counterfactuals": "on" if counterfactuals else "off",
+            "duckdb_memory_mb": duckdb_memory_mb,
         }
         report["audit"] = audit_cost(recording, shape)
         note(f"audit cost: {report['audit']['audit_ms']}")
         file_db = root / "fleet-file.duckdb"
         report["file"] = ingest_file(
-            recording, file_db, note, audit_sampling, counterfactuals, max_audit_backlog
-        )
+            recording, file_db, note, audit_sampling, counterfactuals, max_audit_backlog,
+            duckdb_memory_mb,
+        )  # fmt: skip
         with duckdb.connect(str(file_db)) as con:
             con.execute("CHECKPOINT")
         size = file_db.stat().st_size
@@ -639,5 +647,6 @@ def run(
                 audit_sampling=audit_sampling,
                 counterfactuals=counterfactuals,
                 max_audit_backlog=max_audit_backlog,
+                duckdb_memory_mb=duckdb_memory_mb,
             )
         return report

@@ -565,6 +565,15 @@ def bench_fleet(
             "with --audit-sampling it samples from half of it.",
         ),
     ] = None,
+    duckdb_memory_mb: Annotated[
+        int | None,
+        typer.Option(
+            min=64,
+            help="The server's DuckDB buffer pool in MiB (the service's default, 512, unless "
+            "given; `bench load` runs at 64): a pool filling toward its bound is resident "
+            "memory growing.",
+        ),
+    ] = None,
     workdir: BenchWorkdir = None,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
@@ -578,6 +587,7 @@ def bench_fleet(
         report = bench.run(
             shape, workdir=workdir, http=http, audit_sampling=audit_sampling,
             counterfactuals=counterfactuals, max_audit_backlog=max_audit_backlog,
+            duckdb_memory_mb=duckdb_memory_mb,
             note=lambda m: console.print(m, markup=False, highlight=False),
         )  # fmt: skip
     except ValueError as error:
