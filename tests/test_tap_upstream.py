@@ -73,6 +73,15 @@ def run(coro: Awaitable[None]) -> None:
     asyncio.run(coro)  # type: ignore[arg-type]
 
 
+async def _answer(client: UpstreamClient, method: str, url: str) -> tuple[int, bytes]:
+    """One exchange read whole: its status and body."""
+    response = await client.send(method, url, [])
+    try:
+        return response.status_code, await response.aread()
+    finally:
+        await response.aclose()
+
+
 def test_a_chunked_stream_arrives_piece_by_piece_and_the_connection_is_reused():
     async def script(reader, writer, n):
         writer.write(HEAD + b"x-engine: e\r\n\r\n")
@@ -117,12 +126,8 @@ def test_bodies_by_length_and_by_the_connections_end():
     async def main():
         async with Engine(script) as engine:
             client = UpstreamClient()
-            response = await client.send("GET", engine.url + "/v1/models", [])
-            assert (response.status_code, await response.aread()) == (404, b"nope!")
-            await response.aclose()
-            response = await client.send("GET", engine.url + "/health", [])
-            assert (response.status_code, await response.aread()) == (200, b"all of it")
-            await response.aclose()
+            assert await _answer(client, "GET", engine.url + "/v1/models") == (404, b"nope!")
+            assert await _answer(client, "GET", engine.url + "/health") == (200, b"all of it")
             await client.aclose()
 
     run(main())
@@ -277,12 +282,8 @@ def test_a_head_answer_with_a_length_does_not_shift_the_next_answer():
     async def main():
         async with Engine(script) as engine:
             client = UpstreamClient()
-            response = await client.send("HEAD", engine.url + "/health", [])
-            assert (response.status_code, await response.aread()) == (405, b"")
-            await response.aclose()
-            response = await client.send("GET", engine.url + "/v1/models", [])
-            assert (response.status_code, await response.aread()) == (200, b"ok")
-            await response.aclose()
+            assert await _answer(client, "HEAD", engine.url + "/health") == (405, b"")
+            assert await _answer(client, "GET", engine.url + "/v1/models") == (200, b"ok")
             await client.aclose()
 
     run(main())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
@@ -127,12 +126,13 @@ def _event_loop_run(main: Coroutine[Any, Any, None]) -> None:
 
 async def _run(settings: object) -> None:
     from shadow.connectors.tap.serve import RunningTap
+    from shadow.service.interpreter import tune_interpreter
 
     running = RunningTap(settings)  # type: ignore[arg-type]
     await running.start()
     for name, url in running.addresses.items():
         console.print(f"tap listener {name}: {url}")
-    _quiet_collector()
+    tune_interpreter(TAP_YOUNG_THRESHOLD)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -146,15 +146,6 @@ async def _run(settings: object) -> None:
 
 #: net allocations between young collections in the tap: each chunk allocates a few
 #: short-lived objects (its bytes, the decoded event, an update), nearly all freed by
-#: reference counting, so the default 700 ran a collection every few dozen chunks
+#: reference counting, so the default 700 ran a collection every few dozen chunks; the
+#: collector was 6% of a busy tap's samples (py-spy --native, 1,000 chunks/s)
 TAP_YOUNG_THRESHOLD = 50_000
-
-
-def _quiet_collector() -> None:
-    """What start-up built (modules, the app, the config) is never re-scanned, and young
-    collections are rare: the garbage collector was 6% of a busy tap's samples
-    (py-spy --native, 1,000 chunks/s), a cost per chunk the tap is held to."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(TAP_YOUNG_THRESHOLD, middle, old)

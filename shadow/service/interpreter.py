@@ -32,12 +32,12 @@ YOUNG_THRESHOLD = 100_000
 SWITCH_INTERVAL_S = 0.0005
 
 
-def tune_interpreter() -> None:
+def tune_interpreter(young_threshold: int = YOUNG_THRESHOLD) -> None:
     """Collect less often, never re-scan what start-up built (frozen: modules, settings,
     the app), and hand the GIL over sooner; cycles still get collected, in larger, rarer
-    passes."""
+    passes. `shadow tap` uses it too, with its own young threshold (`cli/tap.py`)."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+    gc.set_threshold(young_threshold, middle, old)
     sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -129,7 +129,8 @@ class _Connection(asyncio.Protocol):
         self._pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
+        #: made per exchange (`start`)
+        self._parser: httptools.HttpResponseParser | None = None
         #: an interim 1xx answer (100 Continue) is being read: the real one follows
         self._interim = False
         self._response: UpstreamResponse | None = None
@@ -153,6 +154,7 @@ class _Connection(asyncio.Protocol):
         if self._response is None:
             self._fail("the engine sent bytes without a request")
             return
+        assert self._parser is not None  # a response is under way, so is its parser
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -184,16 +186,16 @@ class _Connection(asyncio.Protocol):
             self._framed = True
 
     def on_headers_complete(self) -> None:
-        response = self._response
-        assert response is not None and self._head is not None
-        status = self._parser.get_status_code()
+        response, parser = self._response, self._parser
+        assert response is not None and self._head is not None and parser is not None
+        status = parser.get_status_code()
         if 100 <= status < 200:  # 101 is an upgrade: httptools raises it as one
             self._interim = True  # not the answer: its head is dropped, the answer follows
             response.raw_headers.clear()
             self._framed = False
             return
         response.status_code = status
-        self._keep_alive = self._parser.should_keep_alive() and not self._head_only
+        self._keep_alive = parser.should_keep_alive() and not self._head_only
         if self._head_only or status in (204, 304):
             self._framed = True
         if not self._head.done():
