@@ -31,7 +31,7 @@ OPERATION = st.one_of(
 
 
 def _request(mirror: FleetMirror, pick: int) -> str | None:
-    running = [r for r in mirror.requests.values() if r.worker is not None]
+    running = [r for r in mirror.requests.live.values() if r.worker is not None]
     return running[pick % len(running)].request_id if running else None
 
 

@@ -201,7 +201,7 @@ def audit_cost(recording: FleetRecording, shape: FleetShape) -> dict[str, Any]:
         elapsed = (time.perf_counter() - started) * 1000.0
         audited += 1
         mirror = follower.fleets[item.fleet][0].mirror
-        if len(mirror.requests) - len(mirror.pool) < full or not outcomes:
+        if mirror.running < full or not outcomes:
             continue
         total.append(elapsed)
         for decision in outcomes[0].decisions:

@@ -12,8 +12,9 @@ that started late). So `L_g = sum(s_i) + n_g * steps_g - sum(offset_i)`.
 
 Finished requests are kept (a late duplicate of their events must not look new, and a
 late exact count must still correct an estimate) until `forget_finished` drops them, as
-`FinishedRequest`s: only what those two need, not the live request's state, since a fleet
-finishing hundreds of requests a second holds ~`finished_ttl_s` x that many of them.
+rows of a `FinishedLedger` (`shadow.stream.finished_ledger`): only what those two need, in
+columns, since a fleet finishing hundreds of requests a second holds ~`finished_ttl_s` x
+that many of them.
 After that the mirror only remembers the horizon, and an event for an unknown request
 from before it is taken for a late duplicate of a forgotten request and ignored (see
 `forget_finished`).
@@ -21,9 +22,7 @@ from before it is taken for a late duplicate of a forgotten request and ignored 
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +30,7 @@ import numpy as np
 from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, prompt_key_id
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.stream.active_history import ActiveHistory
+from shadow.stream.finished_ledger import FinishedRequest, RequestTable
 
 #: Finish reasons after which a request's length says something about future requests.
 NATURAL_FINISH = frozenset({"stop", "length"})
@@ -92,46 +92,6 @@ class RequestState:
     def generated(self) -> int:
         worker = self.worker
         return worker.steps - self.offset if worker is not None else self.progress
-
-
-class FinishedRequest:
-    """A request that left the fleet (finished, or released as a ghost), as the mirror
-    remembers it until `forget_finished`: what tells a late duplicate of its events from
-    new ones and lets a later exact count correct an estimate (`FleetMirror.correct`).
-    Read like a `RequestState` (`finished`, no `worker`), a third of its size."""
-
-    __slots__ = (
-        "estimated",
-        "finish_ref",
-        "finish_ts",
-        "left_ts",
-        "output_tokens",
-        "progress_seen",
-        "prompt_key",
-        "prompt_tokens",
-        "reason",
-        "request_id",
-    )
-
-    finished = True
-    worker: WorkerState | None = None
-    dispatch_ts: float | None = None
-    slot = -1
-
-    def __init__(self, request: RequestState, left_ts: float) -> None:
-        self.request_id = request.request_id
-        self.prompt_tokens = request.prompt_tokens
-        self.prompt_key = request.prompt_key
-        self.output_tokens = request.output_tokens
-        self.estimated = request.estimated
-        self.finish_ts = request.finish_ts
-        self.reason = request.reason
-        self.finish_ref = request.finish_ref
-        #: when it left the fleet (its finish, or the ghost sweep): `forget_finished`'s key
-        self.left_ts = left_ts
-        #: the highest progress count the ingest received for it, kept with it for its
-        #: de-duplication (`service.ingest.progress_seen`); -1: none
-        self.progress_seen = -1
 
 
 class WorkerState:
@@ -222,7 +182,8 @@ class FleetMirror:
         self.workers: dict[str, WorkerState] = {}
         self.order: list[WorkerState] = []
         #: live requests, and finished ones until `forget_finished`
-        self.requests: dict[str, RequestState | FinishedRequest] = {}
+        self.requests = RequestTable()
+        self._live: dict[str, RequestState] = self.requests.live
         self.pool: OrderedDict[str, RequestState] = OrderedDict()
         self.predictor = SurvivalPredictor()
         self.now = 0.0
@@ -234,12 +195,6 @@ class FleetMirror:
         self._slot_key = np.zeros(256, dtype=np.int64)
         self._free_slots: list[int] = []
         self._slots_used = 0
-        #: finished requests in the order they left (a fleet's finishes come in time
-        #: order), and a heap of (time, tie-break, request) for those that left earlier
-        #: than one before them (a late event): `forget_finished` pops both up to a time
-        self._finished: deque[FinishedRequest] = deque()
-        self._finished_late: list[tuple[float, int, FinishedRequest]] = []
-        self._finished_count = itertools.count()
         #: events of unknown requests from before this time are stale (`forget_finished`)
         self.forgotten_before = float("-inf")
         #: every worker's `version`, by join order (room for more than have joined)
@@ -405,7 +360,7 @@ class FleetMirror:
 
     def apply_progress(self, ts: float, request_id: str, generated: int) -> None:
         self._tick(ts)
-        request = self.requests.get(request_id)
+        request = self._live.get(request_id)
         if request is None or request.finished:
             return
         request.last_seen_ts = ts
@@ -436,7 +391,7 @@ class FleetMirror:
         An `estimated` count (the tap's, a lower bound) is not learned: the predictor
         learns the exact count when it comes (`correct`)."""
         self._tick(ts)
-        request = self.requests.get(request_id)
+        request = self._live.get(request_id)
         if request is None or request.finished:
             return None
         self.pool.pop(request_id, None)
@@ -456,13 +411,19 @@ class FleetMirror:
 
     def _remember_finished(self, request: RequestState, left_ts: float) -> None:
         """Hold the request as a `FinishedRequest` until `forget_finished`."""
-        done = FinishedRequest(request, left_ts)
-        self.requests[request.request_id] = done
-        finished = self._finished
-        if finished and left_ts < finished[-1].left_ts:
-            heapq.heappush(self._finished_late, (left_ts, next(self._finished_count), done))
-        else:
-            finished.append(done)
+        if self._live.get(request.request_id) is request:
+            del self._live[request.request_id]
+        self.requests.finished.add(
+            request.request_id,
+            left_ts,
+            prompt_tokens=request.prompt_tokens,
+            prompt_key=request.prompt_key,
+            output_tokens=request.output_tokens,
+            estimated=request.estimated,
+            finish_ts=request.finish_ts,
+            reason=request.reason,
+            finish_ref=request.finish_ref,
+        )
 
     def _learn(self, output_tokens: int, reason: str) -> None:
         if reason in NATURAL_FINISH and 1 <= output_tokens <= MAX_LEARNED_OUTPUT_TOKENS:
@@ -491,7 +452,7 @@ class FleetMirror:
         is released and it returns to the pool, its progress kept, to be dispatched again
         (a dispatch that is then no double dispatch). None when it was not running."""
         self._tick(ts)
-        request = self.requests.get(request_id)
+        request = self._live.get(request_id)
         if request is None or request.finished or request.worker is None:
             return None
         worker = request.worker
@@ -582,18 +543,7 @@ class FleetMirror:
         """
         if before_ts > self.forgotten_before:
             self.forgotten_before = before_ts
-        finished, late, requests = self._finished, self._finished_late, self.requests
-        forgotten = 0
-        while finished and finished[0].left_ts < before_ts:
-            request = finished.popleft()
-            if requests.get(request.request_id) is request:
-                del requests[request.request_id]
-                forgotten += 1
-        while late and late[0][0] < before_ts:
-            request = heapq.heappop(late)[2]
-            if requests.get(request.request_id) is request:
-                del requests[request.request_id]
-                forgotten += 1
+        forgotten = self.requests.finished.forget(before_ts)
         for worker in self.order:
             if len(worker.starting) > len(worker.active):
                 # released requests wait here for the worker's next step; a worker
