@@ -180,3 +180,21 @@ def test_a_run_that_drops_finished_requests_steps_as_the_whole_replay(name, deci
     )
     np.testing.assert_array_equal(seen["finish_step"], truth_finish)
     np.testing.assert_array_equal(seen["worker"], truth_worker)
+
+
+def test_steps_awaiting_take_hold_only_their_own_rows() -> None:
+    """While a fleet fills, each arrival cuts its stretch after a step or two; the steps
+    kept for `take_steps` must hold those rows, not the whole stretch computed ahead (up to
+    MAX_BLOCK_STEPS x G loads each: a G = 256 run held ~500 MiB that way)."""
+    workers, n = 64, 600
+    ready = np.arange(n, dtype=np.float64) * 3.0  # an arrival every 3 ms, steps of ~5+ ms
+    run = FleetReplay(make_policy("jsq-pool"), workers=workers, batch=16, step_model=MODEL)
+    run.add_requests(ready, np.full(n, 100), np.full(n, 5_000), np.full(n, -1))
+    run.advance(ready[-1])
+    loads = [block[3] for block in run._blocks]
+    committed = sum(rows.shape[0] for rows in loads)
+    held = sum((rows.base if rows.base is not None else rows).nbytes for rows in loads)
+    assert committed > 100 and len(loads) > 100  # many stretches, each cut early
+    assert held <= 2 * committed * workers * 8, (held, committed)
+    steps = run.take_steps()
+    assert steps.worker_load.shape == (committed, workers)

@@ -520,9 +520,14 @@ class FleetReplay:
         lo = stretch.committed
         ends = stretch.ends
         starts = np.concatenate(([stretch.now], ends[:-1]))
+        rows = stretch.block[lo:length]
+        if length - lo < stretch.block.shape[0]:
+            # a view would keep the whole stretch (up to MAX_BLOCK_STEPS x G loads) alive
+            # until `take_steps`; while a fleet fills, arrivals cut nearly every stretch
+            # after one step, and a G = 256 run held ~500 MiB of uncommitted rows that way
+            rows = rows.copy()
         self._blocks.append(
-            (starts[lo:length], ends[lo:length], stretch.durations[lo:length],
-             stretch.block[lo:length])
+            (starts[lo:length], ends[lo:length], stretch.durations[lo:length], rows)
         )  # fmt: skip
         self._block_rows.append((stretch.count, length - lo))
         stretch.committed = length
