@@ -1,3 +1,4 @@
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -21,6 +22,7 @@ from shadow.policies import (
     project_loads,
 )
 from shadow.policies.balanceroute import _CurrentLoads, _ProjectedLoads, two_stage_admission
+from shadow.policies.baselines import JoinShortestQueuePolicy, RandomPolicy, SlotFillingPolicy
 from shadow.policies.fscore import discounts
 from shadow.policies.subset import best_subset
 from shadow.predict import ExactMatchPredictor, OraclePredictor, SurvivalPredictor
@@ -349,3 +351,21 @@ def test_the_registry_knows_the_balance_route_family():
     family = {name for name in POLICY_NAMES if is_balance_route(name)}
     assert family == {"br0", "brh-survival", "brh-exactmatch", "brh-oracle"}
     assert is_balance_route("brh") and not is_balance_route("no-such-policy")
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots(max_workers=12), pools(max_size=30), st.integers(0, 3), st.integers(0, 2**16))
+def test_pool_baselines_admit_as_their_choose_would(snapshot, pool, lowered, seed) -> None:
+    """`jsq-pool` (both tie rules) and `random` admit on arrays or with a kept list of
+    open workers; each round is the one `choose`, asked request by request, makes, also
+    when a lowered capacity leaves a worker over it (negative free slots)."""
+    capacity = np.maximum(snapshot.capacity - lowered, 0) if seed % 2 else snapshot.capacity
+    snapshot = dataclasses.replace(snapshot, capacity=capacity)
+    for make in (
+        lambda: JoinShortestQueuePolicy(),
+        lambda: JoinShortestQueuePolicy(seed=seed, random_ties=True),
+        lambda: RandomPolicy(seed=seed),
+    ):
+        fast, by_choose = make(), make()
+        for _ in range(2):  # a second round continues each one's random stream
+            assert fast.admit(snapshot, pool) == SlotFillingPolicy.admit(by_choose, snapshot, pool)
