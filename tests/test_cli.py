@@ -1,8 +1,10 @@
 import json
 
 import duckdb
+import pytest
 from typer.testing import CliRunner
 
+from shadow.bench import fleet as fleet_bench
 from shadow.cli import app
 from shadow.service.settings import load_settings
 
@@ -305,3 +307,25 @@ def test_bench_fleet_passes_the_audit_backlog_bound_to_the_service(tmp_path):
     assert f"{file_pass['audit_skipped']:,} dispatches skipped" in result.output
     refused = runner.invoke(app, ["bench", "fleet", "--max-audit-backlog", "1", "--no-http"])
     assert refused.exit_code == 2 and "max-audit-backlog" in refused.output
+
+
+def test_bench_fleet_growth_by_process_does_not_count_a_late_start() -> None:
+    """The window worker starts with the first due window (~2 minutes in): the total's
+    slope counts its start as growth, its own slope from its first sample does not."""
+    samples = [
+        fleet_bench.Sample(
+            fleet_s=t,
+            wall_s=t,
+            events=int(t) * 100,
+            audit_lag_s=0.0,
+            behind_s=0.0,
+            cpu_s={"server": t / 10},
+            rss_mib={"server": 500.0 + t / 60} | ({"worker-1": 160.0} if t >= 120 else {}),
+        )
+        for t in range(30, 301, 30)
+    ]
+    summary = fleet_bench._summary(samples, 30_000, 300.0, 100.0)
+    by_process = summary["growth_mib_per_min_by_process"]
+    assert by_process["server"] == pytest.approx(1.0)
+    assert by_process["worker-1"] == pytest.approx(0.0, abs=1e-9)
+    assert summary["growth_mib_per_min_after_1_min"] > 20  # the start, read as growth

@@ -313,6 +313,13 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
                 cpu_per_event[role] = (used - start) / span * 1e6
     total = [(s.wall_s, sum(s.rss_mib.values())) for s in samples]
     settled = [(t, mib) for (t, mib), s in zip(total, samples, strict=True) if s.fleet_s >= 60]
+    # per process, from 60 s or from its first sample (the window worker starts with the
+    # first due window, ~2 minutes in): the total's slope counts that start as growth
+    by_process: dict[str, float | None] = {}
+    for role in dict.fromkeys(role for s in samples for role in s.rss_mib):
+        series = [(s.wall_s, s.rss_mib[role]) for s in samples
+                  if s.fleet_s >= 60 and role in s.rss_mib]  # fmt: skip
+        by_process[role] = growth_mib_per_min(series) if len(series) >= 3 else None
     return {
         "events": events,
         "seconds": seconds,
@@ -323,6 +330,7 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
         "rss_mib_end": total[-1][1] if total else None,
         "rss_mib_max": max(mib for _, mib in total) if total else None,
         "growth_mib_per_min_after_1_min": growth_mib_per_min(settled),
+        "growth_mib_per_min_by_process": by_process,
         "samples": [asdict(s) | {"counterfactual_lag_s": s.counterfactual_lag_s} for s in samples],
     }
 

@@ -638,6 +638,14 @@ def bench_fleet(
             cpu = ", ".join(f"{role} {us:.1f} us" for role, us in
                             report[path]["cpu_us_per_event"].items())  # fmt: skip
             console.print(f"{path}: CPU per event by process: {cpu or '-'}")
+    for path in ("file", "http"):
+        if report.get(path):
+            growth = ", ".join(
+                f"{role} {'-' if mib is None else f'{mib:+.1f}'}"
+                for role, mib in report[path]["growth_mib_per_min_by_process"].items()
+            )
+            console.print(f"{path}: memory growth after 1 min by process, MiB/min (each from "
+                          f"60 s or its start): {growth or '-'}")  # fmt: skip
     if report.get("file") and report["file"]["audit_sampling"]:
         console.print(f"file: audit sampling on, {report['file']['audit_skipped']:,} "
                       "dispatches skipped")  # fmt: skip
