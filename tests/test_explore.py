@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import duckdb
 import httpx
 import numpy as np
 import pytest
@@ -325,3 +326,34 @@ def test_summary_table_is_deterministic_and_pairs_windows():
     assert br0["ratios"]["imbalance"]["ci_low"] == pytest.approx(0.5)
     assert br0["ratios"]["throughput"]["point"] == pytest.approx(1.1)
     assert br0["steps"] == 200
+
+
+def test_each_dispatch_stores_its_snapshot_once_and_every_row_shows_it(service):
+    """The audit writes a dispatch's snapshot on one of its rows (without what the loads
+    give); the list shows every row its dispatch's whole snapshot, as the detail does."""
+    client, _, db = service
+    with duckdb.connect(str(db), read_only=True) as con:
+        per_dispatch = con.execute(
+            "SELECT count(snapshot), count(*) FROM decisions GROUP BY fleet, ingest_id"
+        ).fetchall()
+        stored = json.loads(
+            con.execute(
+                "SELECT snapshot FROM decisions WHERE snapshot IS NOT NULL LIMIT 1"
+            ).fetchone()[0]
+        )
+    assert per_dispatch and all(kept == 1 and rows == 3 for kept, rows in per_dispatch)
+    assert set(stored) == {"workers", "loads", "active", "capacity", "f_brh"}
+    rows = get(client, f"{FLEET}/decisions", limit=300)["items"]
+    assert len({r["ingest_id"] for r in rows}) < len(rows)  # dispatches with several rows
+    details = {}
+    for row in rows:
+        if row["ingest_id"] not in details and len(details) < 40:
+            details[row["ingest_id"]] = get(client, f"{FLEET}/decisions/{row['ingest_id']}")
+        if row["ingest_id"] in details:
+            assert row["snapshot"] == details[row["ingest_id"]]["snapshot"]
+        snapshot = row["snapshot"]
+        g = snapshot["workers"].index(row["incumbent_worker"])
+        assert snapshot["f_br0"][g] == pytest.approx(row["f_br0_incumbent"])
+        free = [c - a for c, a in zip(snapshot["capacity"], snapshot["active"], strict=True)]
+        scored = [f for f, room in zip(snapshot["f_br0"], free, strict=True) if room > 0]
+        assert max(scored or snapshot["f_br0"]) == pytest.approx(row["f_br0_best"])

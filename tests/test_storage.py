@@ -11,11 +11,13 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
+from shadow.service.store import DECISION_COLUMNS
 from shadow.storage import (
     METRICS,
     Base,
@@ -24,6 +26,7 @@ from shadow.storage import (
     open_database,
     upgrade,
 )
+from shadow.storage.database import _alembic_config
 
 TABLES = {"replay_runs", "replay_policy_summaries", "replay_steps", "replay_worker_loads"}
 
@@ -112,7 +115,7 @@ def test_db_head_equals_script_head(tmp_path: Path) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     script_head = ScriptDirectory.from_config(cfg).get_current_head()
-    assert script_head == head_revision() == "0013"
+    assert script_head == head_revision() == "0014"
     with open_database(tmp_path / "s.duckdb") as db, db.engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == script_head
 
@@ -283,3 +286,22 @@ def test_path_with_url_special_characters(tmp_path: Path) -> None:
     path = tmp_path / "odd dir" / "a%41b #1.duckdb"
     assert upgrade(path) == head_revision()
     assert [p.name for p in path.parent.iterdir()] == ["a%41b #1.duckdb"]
+
+
+def test_decision_snapshots_once_per_dispatch_migrate_both_ways(tmp_path: Path) -> None:
+    """0014 lets a dispatch's other decision rows hold no snapshot; going back to 0013
+    gives each of them its dispatch's snapshot (what the code before reads)."""
+    path = tmp_path / "s.duckdb"
+    open_database(path).close()
+    columns = ", ".join(DECISION_COLUMNS)
+    with duckdb.connect(str(path)) as con:
+        for policy, snapshot in (("br0", '{"loads": [1, 2]}'), ("jsq-pool", None)):
+            row = [7, "f", 1.0, "r", 10, "w0", "jsq", policy, "w1", False, 0.0, 0.0, 0.0,
+                   0.0, 0.0, 0.0, True, None, None, snapshot]  # fmt: skip
+            con.execute(f"INSERT INTO decisions ({columns}) VALUES "
+                        f"({', '.join('?' * len(row))})", row)  # fmt: skip
+    cfg = _alembic_config(f"duckdb:///{path}")
+    command.downgrade(cfg, "0013")
+    with duckdb.connect(str(path)) as con:
+        stored = con.execute("SELECT policy, snapshot FROM decisions ORDER BY policy").fetchall()
+    assert stored == [("br0", '{"loads": [1, 2]}'), ("jsq-pool", '{"loads": [1, 2]}')]

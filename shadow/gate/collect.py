@@ -9,7 +9,6 @@ completed requests (prequential, at the configured H), and the disagreements tha
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from shadow.gate.evidence import Evidence, WindowPair
 from shadow.gate.source import EvidenceSource
 from shadow.policies import NO_KEY, BalanceRouteConfig, make_policy, prompt_key_id
 from shadow.predict import OraclePredictor, Predictor, prequential_calibrate
-from shadow.storage.queries import source, time_range
+from shadow.storage.queries import source, time_range, with_snapshots
 from shadow.stream.window_metrics import decode_tpot
 from shadow.stream.windows import AA
 
@@ -220,6 +219,5 @@ def _disagreements(
         f"{clause} ORDER BY (f_br0_choice - f_br0_incumbent) DESC, ingest_id LIMIT :limit",
         {**params, "candidate": candidate, "limit": limit},
     )
-    for row in rows:
-        row["snapshot"] = json.loads(row["snapshot"])
+    with_snapshots(store, decisions, fleet, rows)
     return rows

@@ -269,7 +269,8 @@ class DecisionRow(Base):
     f_brh_best: Mapped[float] = mapped_column(Double, nullable=False)
     mirror_jsq_agrees: Mapped[bool] = mapped_column(Boolean, nullable=False)
     router_view_agrees: Mapped[bool | None] = mapped_column(Boolean)
-    snapshot: Mapped[str] = mapped_column(Text, nullable=False)
+    #: the dispatch's frozen snapshot, on one of its rows (NULL on the others: 0014)
+    snapshot: Mapped[str | None] = mapped_column(Text, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Double)
 
     __mapper_args__ = {"primary_key": [ingest_id, policy]}  # noqa: RUF012

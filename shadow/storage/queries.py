@@ -10,6 +10,7 @@ range reaches into it, the archive's Parquet files, as one relation.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, Protocol
@@ -176,6 +177,50 @@ def dispatch_decisions(reader: Reader, fleet: str, ingest_id: int) -> list[dict[
         "ingest_id = :id ORDER BY policy",
         {"fleet": fleet, "id": ingest_id},
     )
+
+
+def complete_snapshot(stored: str, prompt_tokens: int) -> dict[str, Any]:
+    """A dispatch's frozen snapshot as the API shows it, from its stored JSON.
+
+    The audit stores what cannot be derived (workers, loads, active, capacity, f_brh);
+    each worker's margin and BR-0 score follow from the loads and the prompt (rows stored
+    before that carry them, and keep them)."""
+    snapshot = json.loads(stored)
+    loads = snapshot.get("loads", [])
+    if "margins" not in snapshot and loads:
+        top = max(loads)
+        snapshot["margins"] = [top - v for v in loads]
+    if "f_br0" not in snapshot and loads:
+        g = len(loads)
+        snapshot["f_br0"] = [prompt_tokens - g * max(0, prompt_tokens - m)
+                             for m in snapshot["margins"]]  # fmt: skip
+    snapshot.setdefault("f_brh", None)
+    return snapshot
+
+
+def with_snapshots(reader: Reader, table: str, fleet: str, rows: list[dict[str, Any]]) -> None:
+    """Give each decision row its dispatch's snapshot (`complete_snapshot`), in place.
+
+    The audit stores a dispatch's snapshot on one of its decision rows (at G = 256 it is
+    ~10 KB of JSON, and writing it once per policy was most of the server's commit time);
+    the rows without it take it from that row, found in `table` by ingest id."""
+    missing = sorted({int(r["ingest_id"]) for r in rows if r["snapshot"] is None})
+    found: dict[int, str] = {}
+    if missing:
+        listed = ", ".join(str(i) for i in missing)
+        found = {
+            int(r["ingest_id"]): r["snapshot"]
+            for r in reader.query(
+                f"SELECT ingest_id, snapshot FROM {table} WHERE fleet = :fleet AND "
+                f"ingest_id IN ({listed}) AND snapshot IS NOT NULL",
+                {"fleet": fleet},
+            )
+        }
+    for row in rows:
+        stored = row["snapshot"] if row["snapshot"] is not None else found.get(row["ingest_id"])
+        row["snapshot"] = (
+            None if stored is None else complete_snapshot(stored, row["prompt_tokens"])
+        )
 
 
 def violation_span(reader: Reader, fleet: str) -> tuple[float, float] | None:

@@ -89,9 +89,10 @@ class Decision(NamedTuple):
     #: CPU time of this policy's whole round (projection included) on the first decision
     #: of the incumbent's round; None on the round's other decisions
     latency_ms: float | None
-    #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity", "margins",
-    #: "f_br0", "f_brh"} (the last two: every worker's F-score for this request)
-    snapshot: str
+    #: the frozen snapshot as JSON: {"workers", "loads", "active", "capacity", "f_brh"}
+    #: (every worker's BR-H score for this request), on the dispatch's first decision
+    #: only (None on the others; readers complete it: `storage.queries.with_snapshots`)
+    snapshot: str | None
 
 
 @dataclass(frozen=True)
@@ -260,14 +261,16 @@ class Auditor:
             jsq_choice = admitted[0].worker if admitted else None
         view_choice = _router_view_jsq(workers, job.router_view) if job.router_view else None
 
-        frozen = _encode_json(
+        # Stored once per dispatch, on its first decision row, and without what the loads
+        # and the prompt give (margins, BR-0's scores: `storage.queries.complete_snapshot`):
+        # at G = 256 it is ~10 KB, and writing it whole for each policy was most of the
+        # server's commit time.
+        frozen: str | None = _encode_json(
             {
                 "workers": list(map(str, workers)),
                 "loads": loads.tolist(),
                 "active": snapshot.active_count.tolist(),
                 "capacity": snapshot.capacity.tolist(),
-                "margins": margins.tolist(),
-                "f_br0": np.round(br0, 3).tolist(),
                 "f_brh": np.round(brh, 3).tolist(),
             }
         ).decode()
@@ -299,6 +302,7 @@ class Auditor:
                     frozen,
                 )
             )
+            frozen = None  # the dispatch's other rows find it on this one
         return AuditOutcome(
             self.fleet,
             job.ingest_id,

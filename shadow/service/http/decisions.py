@@ -3,7 +3,6 @@ snapshot) and the invariant violations (the list and their timeline)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
@@ -67,11 +66,10 @@ def decisions(
         f"{column} {direction} NULLS LAST, ingest_id {direction}, policy",
         ("*" if snapshot else "* EXCLUDE (snapshot)") + ", f_br0_best - f_br0_incumbent AS regret",
     )  # fmt: skip
-    page = _page_json(total, params, rows)
     if snapshot:
-        for row in page["items"]:
-            row["snapshot"] = json.loads(row["snapshot"])
-    return page
+        queries.with_snapshots(store, queries.source(store, "decisions", since, until), fleet,
+                               rows)  # fmt: skip
+    return _page_json(total, params, rows)
 
 
 @router.get("/v1/fleets/{fleet}/violations")
@@ -108,15 +106,8 @@ def decision(fleet: str, ingest_id: int, store: Store) -> dict[str, Any]:
         raise HTTPException(404, f"no audited dispatch {ingest_id} in fleet {fleet!r}")
     rows = rows_json(rows)
     first = rows[0]
-    snapshot = json.loads(first["snapshot"])
-    loads = snapshot.get("loads", [])
-    if "margins" not in snapshot and loads:
-        top = max(loads)
-        snapshot["margins"] = [top - v for v in loads]
-    if "f_br0" not in snapshot and loads:
-        p, g = first["prompt_tokens"], len(loads)
-        snapshot["f_br0"] = [p - g * max(0.0, p - m) for m in snapshot["margins"]]
-    snapshot.setdefault("f_brh", None)
+    stored = next((r["snapshot"] for r in rows if r["snapshot"] is not None), None)
+    snapshot = None if stored is None else queries.complete_snapshot(stored, first["prompt_tokens"])
     keys = ("ingest_id", "ts", "request_id", "prompt_tokens", "incumbent_worker",
             "incumbent_policy", "f_br0_incumbent", "f_br0_best", "f_brh_incumbent",
             "f_brh_best", "mirror_jsq_agrees", "router_view_agrees")  # fmt: skip
