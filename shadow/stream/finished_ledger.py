@@ -215,8 +215,12 @@ class FinishedLedger:
         if output_tokens is None:
             flags |= _NO_OUTPUT
         chunk.flags[i] = flags
-        if reason is not None and len(self._reasons) < _REASONS_SHARED:
-            reason = self._reasons.setdefault(reason, reason)
+        if reason is not None:
+            shared = self._reasons.get(reason)
+            if shared is not None:
+                reason = shared
+            elif len(self._reasons) < _REASONS_SHARED:
+                self._reasons[reason] = reason
         chunk.reasons[i] = reason
         self._open[hash(request_id)] = self._next_row
         self._next_row += 1

@@ -61,14 +61,14 @@ def decisions(
     params.update(range_params)
     column = "f_br0_best - f_br0_incumbent" if sort == "regret" else sort
     direction = "ASC" if order == "asc" else "DESC"
+    table = queries.source(store, "decisions", since, until)
     total, rows = queries.page(
-        store, queries.source(store, "decisions", since, until), where, params,
+        store, table, where, params,
         f"{column} {direction} NULLS LAST, ingest_id {direction}, policy",
         ("*" if snapshot else "* EXCLUDE (snapshot)") + ", f_br0_best - f_br0_incumbent AS regret",
     )  # fmt: skip
     if snapshot:
-        queries.with_snapshots(store, queries.source(store, "decisions", since, until), fleet,
-                               rows)  # fmt: skip
+        queries.with_snapshots(store, table, fleet, rows)
     return _page_json(total, params, rows)
 
 
