@@ -496,7 +496,7 @@ def test_hostile_ids_and_worker_names_render_as_text(ui, api):
                        "request_id": XSS_ID, "output_tokens": 1, "reason": "stop"}])  # fmt: skip
     ui.goto(
         f"/decisions?fleet={FLEET}&since={window['since']}&until={window['until']}"
-        f"&decision={ingest_id}",
+        f"&decision={ingest_id}&limit=1000",  # the demo's own dispatches share the 2 s
         "decisions",
     )
     expect(ui.page.locator(".detail h2")).to_have_text(XSS_ID)

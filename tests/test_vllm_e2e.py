@@ -456,7 +456,10 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
             now = (dict(placed), streaming, ended)
             if not history or history[-1][1:] != now:
                 history.append((round(time.monotonic() - began, 2), *now))
-            return bool(on2) and not ended and all(j.rid in streaming for j in on2)
+            # every long one placed too: the split is checked right after, and the last
+            # dispatch can reach the service after worker 2's stream began
+            everyone = len(placed) == len(longs)
+            return everyone and bool(on2) and not ended and all(j.rid in streaming for j in on2)
 
         assert wait_until(worker2_streams, 120, every=0.1), (
             f"worker 2's long request never streamed before a long one ended: "

@@ -60,7 +60,7 @@ class FleetCore:
                 i.ts, i.request_id, i.output_tokens, i.reason, i.estimated, i.from_engine
             ),
             EngineStepItem: lambda i: self.engine_step(
-                i.ts, i.worker, i.step, i.running, i.duration_ms
+                i.ts, i.worker, i.step, i.running, i.duration_ms, i.waiting
             ),
             ForgetItem: lambda i: self.forget(i.before_ts),
         }
@@ -158,13 +158,20 @@ class FleetCore:
         return found + self._sweep(ts), FinishOutcome(FINISHED, target, done)
 
     def engine_step(
-        self, ts: float, worker: str, step: int, running: int, duration_ms: float
+        self,
+        ts: float,
+        worker: str,
+        step: int,
+        running: int,
+        duration_ms: float,
+        waiting: int = 0,
     ) -> tuple[list[Violation], StepView | None]:
-        """Count the step; compare what the engine ran with what the mirror expected."""
+        """Count the step; compare what the engine ran (and held waiting) with what the
+        mirror expected."""
         view = self.mirror.apply_engine_step(ts, worker, step, ts - duration_ms / 1000.0, running)
         found = []
         if view is not None:
-            found = self.checker.on_engine_step(ts, worker, view.running, running)
+            found = self.checker.on_engine_step(ts, worker, view.running, running, waiting)
         return found + self._sweep(ts), view
 
     def forget(self, before_ts: float) -> int:

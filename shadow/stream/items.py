@@ -69,6 +69,8 @@ class EngineStepItem(StreamItem, tag="engine_step"):
     step: int
     running: int
     duration_ms: float
+    #: the engine's waiting queue in that step (the plugin sends it; 0 when unknown)
+    waiting: int = 0
 
 
 class ForgetItem(StreamItem, tag="forget"):

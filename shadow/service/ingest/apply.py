@@ -125,8 +125,9 @@ class Applier:
         self, state: FleetState, event: EngineStepEvent, _id: int, stream: list, _derive: bool
     ) -> list[Violation]:
         ts = event.ts
+        waiting = event.waiting or 0
         found, view = state.core.engine_step(
-            ts, event.worker, event.step, event.running, event.duration_ms
+            ts, event.worker, event.step, event.running, event.duration_ms, waiting
         )
         if view is not None:
             kv = event.kv_tokens if event.kv_tokens is not None else view.kv_tokens
@@ -141,7 +142,13 @@ class Applier:
         if self.audit:
             stream.append(
                 EngineStepItem(
-                    ts, event.fleet, event.worker, event.step, event.running, event.duration_ms
+                    ts,
+                    event.fleet,
+                    event.worker,
+                    event.step,
+                    event.running,
+                    event.duration_ms,
+                    waiting,
                 )
             )
         return found
