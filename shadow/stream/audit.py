@@ -27,7 +27,7 @@ and decisions the other, never snapshots.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -186,6 +186,17 @@ class Auditor:
             if isinstance(horizon, BalanceRouteHorizon)
             else BalanceRouteHorizon(self.predictor, self.config.balance_route)
         )
+        self._ids: Sequence[Hashable] | None = None
+        self._index: dict[Hashable, int] = {}
+
+    def _positions(self, workers: Sequence[Hashable]) -> dict[Hashable, int]:
+        """Worker id -> its index in the snapshot. The mirror hands out one tuple of ids
+        until the fleet changes, so this is built once per change: at G = 256 scanning
+        the tuple (`in`, `.index`) several times a dispatch was a visible part of it."""
+        if workers is not self._ids:
+            self._ids = workers
+            self._index = {worker: g for g, worker in enumerate(workers)}
+        return self._index
 
     def learn(self, lengths: Sequence[int]) -> None:
         if lengths:
@@ -220,7 +231,8 @@ class Auditor:
                 placed[str(request_id)] = str(worker)
                 taken[str(worker)] = taken.get(str(worker), 0) + 1
             for worker, count in taken.items():
-                room = int(free[workers.index(worker)]) if worker in workers else 0
+                g = self._positions(workers).get(worker)
+                room = int(free[g]) if g is not None else 0
                 if count > room and not policy.dispatches_on_arrival:
                     invalid.append((name, worker, room))
             choices[name] = placed
@@ -232,13 +244,14 @@ class Auditor:
         (run here on the job's snapshot and a pool of its request alone when not given)."""
         snapshot = job.snapshot
         workers = snapshot.worker_ids
-        if job.incumbent_worker not in workers:
+        positions = self._positions(workers)
+        incumbent = positions.get(job.incumbent_worker)
+        if incumbent is None:
             return AuditOutcome(self.fleet, job.ingest_id, (), ())
         prompt = job.prompt_tokens
         free = snapshot.free_slots
         open_mask = free > 0
         any_open = bool(open_mask.any())
-        incumbent = workers.index(job.incumbent_worker)
         single = ReadyPool([job.request_id], np.array([prompt]), np.array([job.prompt_key]))
         if round_ is None:
             round_ = self.run_round(job.ts, snapshot, single)
@@ -278,7 +291,7 @@ class Auditor:
         brh_best = float(brh[scored].max())
         decisions = []
         for name, choice in choices.items():
-            index = workers.index(choice) if choice in workers else None
+            index = positions.get(choice) if choice is not None else None
             decisions.append(
                 Decision(
                     self.fleet,
@@ -355,9 +368,12 @@ class AuditFollower:
         assert audit is not None
         mirror = core.mirror
         request = mirror.requests.get(item.request_id)
-        snapshot = mirror.snapshot()
         round_ = self._rounds.get(item.fleet)
-        if round_ is None or round_.ts != item.ts or item.request_id not in round_.pool:
+        new_round = round_ is None or round_.ts != item.ts or item.request_id not in round_.pool
+        # the policies' round reads every active request; a later dispatch of the round is
+        # scored on loads and counts, and its projection changes one worker's row
+        snapshot = mirror.snapshot(with_active=new_round)
+        if new_round:
             pool = list(mirror.pool.values())
             if request is not None and item.request_id not in mirror.pool:
                 pool.append(request)  # dispatched without a ready pool entry: its own round

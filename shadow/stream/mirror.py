@@ -274,6 +274,25 @@ class FleetMirror:
             np.zeros(len(self.order), dtype=np.int64),
         )
 
+    def active_of(self, workers: np.ndarray) -> ActiveSet:
+        """The active requests of `workers` (join-order indices) alone, their `worker`
+        column the position in `workers`: what a snapshot's active set holds for them,
+        read from their own requests instead of a scan of every slot (the audit's
+        projection rebuilds one worker's row between two dispatches of a round)."""
+        columns = self._refreshed()
+        order = self.order
+        lists = [[r.slot for r in order[g].active.values()] for g in workers.tolist()]
+        sizes = np.fromiter(map(len, lists), np.int64, len(lists))
+        slots = np.fromiter((slot for one in lists for slot in one), np.int64, int(sizes.sum()))
+        steps = np.repeat(columns.steps[workers], sizes)
+        return ActiveSet(
+            np.repeat(np.arange(len(lists), dtype=np.int64), sizes),
+            self._slot_prompt[slots],
+            steps - self._slot_offset[slots],
+            self._slot_key[slots],
+            None,
+        )
+
     def _refreshed(self) -> _WorkerColumns:
         """The per-worker columns, brought up to date for the workers whose version moved
         since the last call: a snapshot of a wide fleet (G = 256) reads a few workers,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from shadow.policies.balanceroute import project_loads
-from shadow.policies.snapshot import ActiveSet, FleetSnapshot
+from shadow.policies.snapshot import FleetSnapshot
 from shadow.predict.predictors import Predictor
 from shadow.stream.mirror import FleetMirror
 
@@ -41,7 +41,10 @@ class MaintainedProjection:
 
     def current(self, mirror: FleetMirror, snapshot: FleetSnapshot) -> np.ndarray:
         """`Lhat` of the mirror now; `snapshot` is its `snapshot()` of now (the caller has
-        it already): the changed workers' rows are taken from its active set.
+        it already), with or without its active set (`with_active=False`: a dispatch
+        after the first of a round needs no scan of every active request). The changed
+        workers' rows are read from the mirror's requests of those workers; a full
+        rebuild takes the snapshot's active set, or the mirror's when it has none.
 
         The returned array is this object's own: callers must not write to it
         (`BalanceRouteHorizon.admit` copies a projection it is given)."""
@@ -54,22 +57,13 @@ class MaintainedProjection:
             or predictor_version != self._predictor_version
             or versions.shape != self._versions.shape
         ):
-            return self._rebuild(snapshot, versions, predictor_version)
+            return self._rebuild(mirror, snapshot, versions, predictor_version)
         load = snapshot.load
         changed = np.flatnonzero(versions != self._versions)
         if changed.size:
             if changed.size > self.full_rebuild_share * versions.shape[0]:
-                return self._rebuild(snapshot, versions, predictor_version)
-            is_changed = np.zeros(versions.shape[0], dtype=bool)
-            is_changed[changed] = True
-            active = snapshot.active
-            rows = np.flatnonzero(is_changed[active.worker])
-            position = np.zeros(versions.shape[0], dtype=np.int64)
-            position[changed] = np.arange(changed.size)
-            local = ActiveSet(
-                position[active.worker[rows]], active.prompt_tokens[rows],
-                active.generated[rows], active.prompt_keys[rows], None,
-            )  # fmt: skip
+                return self._rebuild(mirror, snapshot, versions, predictor_version)
+            local = mirror.active_of(changed)
             contribution = self.predictor.predict(local, self.horizon).contribution
             projection[changed] = project_loads(load[changed], local, contribution, self.horizon)
             self._versions = versions
@@ -77,9 +71,15 @@ class MaintainedProjection:
         return projection
 
     def _rebuild(
-        self, snapshot: FleetSnapshot, versions: np.ndarray, predictor_version: int | None
+        self,
+        mirror: FleetMirror,
+        snapshot: FleetSnapshot,
+        versions: np.ndarray,
+        predictor_version: int | None,
     ) -> np.ndarray:
         active = snapshot.active
+        if len(active) != mirror.running:  # a snapshot taken without its active set
+            active = mirror.snapshot().active
         contribution = self.predictor.predict(active, self.horizon).contribution
         self._projection = project_loads(snapshot.load, active, contribution, self.horizon)
         self._versions = versions
