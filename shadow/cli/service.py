@@ -47,6 +47,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run the shadow service: ingest, mirror, audit, invariants, windows, JSON API."""
+    from shadow.service.footprint import limit_heap_arenas
+
+    limit_heap_arenas()  # before any thread: uvicorn's, the commits', DuckDB's
     import uvicorn
 
     from shadow.service.http.app import create_app

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
-from shadow.service.footprint import HeapTrimmer
+from shadow.service.footprint import HeapTrimmer, limit_heap_arenas
 from shadow.service.heaptrace import start_heap_trace
 from shadow.service.interpreter import tune_interpreter
 from shadow.service.plugins import import_policy_modules
@@ -52,6 +52,7 @@ def _audit_init(
     sweep: float,
     policy_modules: tuple[str, ...] = (),
 ) -> None:
+    limit_heap_arenas()
     exit_with_parent()
     ignore_stop_signals()
     import_policy_modules(policy_modules)
@@ -62,6 +63,7 @@ def _audit_init(
 
 
 def _window_init(policy_modules: tuple[str, ...] = ()) -> None:
+    limit_heap_arenas()
     exit_with_parent()
     ignore_stop_signals()
     import_policy_modules(policy_modules)
