@@ -19,10 +19,19 @@ steps = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps=steps, horizons=st.lists(st.integers(-5, 45), min_size=1, max_size=30))
-def test_release_order_and_lowest_id_match_a_sorted_reference(steps, horizons):
+@given(
+    steps=steps,
+    horizons=st.lists(st.integers(-5, 45), min_size=1, max_size=30),
+    shuffled=st.booleans() | st.randoms(use_true_random=False),
+)
+def test_release_order_and_lowest_id_match_a_sorted_reference(steps, horizons, shuffled):
+    """Ids pushed in order (ingest), or not (a `shuffled` order: stored events replayed
+    at start-up need not come in id order)."""
     buffer = _ReorderBuffer()
     reference: list[tuple] = []
+    ids = list(range(1, len(steps) + 1))
+    if not isinstance(shuffled, bool):
+        shuffled.shuffle(ids)
     next_id = 1
     released = 0
     for step in steps:
@@ -34,7 +43,7 @@ def test_release_order_and_lowest_id_match_a_sorted_reference(steps, horizons):
             assert buffer.pop_until(upto) == expected
         else:
             fleet, ts, order = step
-            entry = (float(ts), order, next_id, SimpleNamespace(fleet=fleet))
+            entry = (float(ts), order, ids[next_id - 1], SimpleNamespace(fleet=fleet))
             next_id += 1
             buffer.push(entry)
             reference.append(entry)

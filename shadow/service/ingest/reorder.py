@@ -31,11 +31,18 @@ class ReorderBuffer:
     def __init__(self) -> None:
         self._runs: dict[str, list[Entry]] = {}
         self._late: list[Entry] = []
+        #: every entry so far was pushed in ingest-id order (the ingest path's, which
+        #: numbers events as it pushes them): then a run's ids rise along it too
+        self._ids_in_push_order = True
+        self._last_pushed_id = -math.inf
 
     def __len__(self) -> int:
         return sum(map(len, self._runs.values())) + len(self._late)
 
     def push(self, entry: Entry) -> None:
+        if entry[2] < self._last_pushed_id:
+            self._ids_in_push_order = False
+        self._last_pushed_id = entry[2]
         fleet = entry[3].fleet
         run = self._runs.get(fleet)
         if run is None:
@@ -61,7 +68,13 @@ class ReorderBuffer:
         return released
 
     def lowest_id(self) -> int | None:
-        ids = [min(map(_INGEST_ID, run)) for run in self._runs.values() if run]
+        """The lowest ingest id held. With ids pushed in order, each run's first entry
+        has its lowest: no scan of the ~2 s of events the buffer holds (at G = 256 that
+        scan after every batch was 5% of the ingest thread)."""
+        if self._ids_in_push_order:
+            ids = [run[0][2] for run in self._runs.values() if run]
+        else:
+            ids = [min(map(_INGEST_ID, run)) for run in self._runs.values() if run]
         if self._late:
             ids.append(min(map(_INGEST_ID, self._late)))
         return min(ids) if ids else None
