@@ -86,9 +86,10 @@ def limit_heap_arenas(arenas: int = HEAP_ARENAS) -> bool:
 
     By default glibc gives each thread that meets a busy heap one of its own, up to eight
     per core, and memory a burst freed in one stays resident there: at G = 256
-    (`shadow bench fleet`'s HTTP pass) the server's resident memory rose +25 and +27
-    MiB/min over minutes 2-5 with its Python objects flat; with 2 heaps, +1 and +6, at
-    the same CPU per event. Call it first thing, before the process starts threads."""
+    (`shadow bench fleet`'s HTTP pass) the server's resident memory rose +29, +9 and +30
+    MiB/min over minutes 2-5 (least squares) with its Python objects flat; with 2 heaps,
+    +5, +10 and +8, at the same CPU per event (docs/RELIABILITY.md). Call it first thing,
+    before the process starts threads."""
     libc = _libc()
     if libc is None or "MALLOC_ARENA_MAX" in os.environ:
         return False
