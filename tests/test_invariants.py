@@ -141,3 +141,24 @@ def test_a_step_excuses_what_the_engine_holds_waiting_but_not_more():
     assert _stepping(waiting=5) == []
     assert _stepping(waiting=0) == ["engine_drift"]
     assert _stepping(waiting=2) == ["engine_drift"]  # 6 > 1 + 2 beyond the tolerance
+
+
+def test_the_requests_not_started_yet_are_not_excused_twice():
+    """4 requests running, 3 more dispatched: the engine runs 2 and queues the 3 new ones.
+    The mirror's view already leaves the 3 out (not started), so the engine's waiting
+    excuses nothing more, and the 2 of 4 missing (lost finishes) are drift."""
+    core = FleetCore("f", sweep_every_s=1e12)
+    core.worker(0.0, "w0", 16, "up")
+    for i in range(4):
+        core.ready(0.1, f"r{i}", 100, None)
+        core.dispatch(0.2, f"r{i}", "w0")
+    assert core.engine_step(0.5, "w0", 0, 4, 50.0, 0)[0] == []
+    for i in range(4, 7):
+        core.ready(0.6, f"r{i}", 100, None)
+        core.dispatch(0.7, f"r{i}", "w0")
+    kinds = []
+    for k in range(1, 80):
+        violations, view = core.engine_step(1.0 + 0.05 * k, "w0", k, 2, 50.0, 3)
+        assert view is not None and view.running == 4
+        kinds += [v.kind for v in violations]
+    assert kinds == ["engine_drift"]

@@ -171,7 +171,12 @@ class FleetCore:
         view = self.mirror.apply_engine_step(ts, worker, step, ts - duration_ms / 1000.0, running)
         found = []
         if view is not None:
-            found = self.checker.on_engine_step(ts, worker, view.running, running, waiting)
+            # the view already leaves out the dispatched requests the engine has not
+            # started (they are in its waiting queue): excuse only the waiting beyond them
+            held_back = len(self.mirror.workers[worker].starting)
+            found = self.checker.on_engine_step(
+                ts, worker, view.running, running, max(0, waiting - held_back)
+            )
         return found + self._sweep(ts), view
 
     def forget(self, before_ts: float) -> int:

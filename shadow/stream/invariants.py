@@ -189,9 +189,11 @@ class InvariantChecker:
     ) -> list[Violation]:
         """The engine ran `running` requests in a step where the mirror expected `expected`.
 
-        As for a scrape (`on_engine_sample`), a dispatched request the engine holds in its
-        waiting queue (`waiting`, the plugin's count; the emulator sends none) is not
-        drift: the mirror may count up to that many more than `running`."""
+        As for a scrape (`on_engine_sample`), a request the engine holds in its waiting
+        queue is not drift: the mirror may count up to `waiting` more than `running`.
+        `waiting` here is the engine's queue (the plugin's count; the emulator sends none)
+        beyond the requests `expected` already leaves out as not started yet (the caller,
+        `FleetCore.engine_step`, subtracts them), so none is excused twice."""
         return self._compare(
             ts, worker_id, (expected, expected), running, "step", excused=float(waiting)
         )

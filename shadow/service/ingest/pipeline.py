@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from shadow.events import EVENT_ORDER, EventError
@@ -182,6 +183,7 @@ class Pipeline:
             # What was still in the reorder window when the service stopped (never applied)
             # goes back into it: a straggler that comes now must still sort before it.
             hold_after = (stored[-1][0] if stored else 0.0) - self.config.reorder_window_s
+            held: list[Entry] = []
             for ts, _, ingest_id, kind, fields in stored:
                 event = stored_event(kind, fields)
                 if kind == "engine_step":
@@ -194,11 +196,15 @@ class Pipeline:
                 self._max_ts = max(self._max_ts, ts)
                 count += 1
                 if ingest_id > applied_through and ts > hold_after:
-                    self._buffer.push((ts, EVENT_ORDER[kind], ingest_id, event))
+                    held.append((ts, EVENT_ORDER[kind], ingest_id, event))
                     continue
                 derive = ingest_id > applied_through
                 self._apply(event, ingest_id, violations, stream, derive=derive)
                 self._last_applied = (ts, EVENT_ORDER[kind])
+            # in id order, as ingest pushes: the buffer then finds its lowest id without a
+            # scan for as long as this process runs (`ReorderBuffer.lowest_id`)
+            for entry in sorted(held, key=itemgetter(2)):
+                self._buffer.push(entry)
             self._forget_finished_progress()
             self._forget_finished(stream)
             self._audits.submit(stream)
