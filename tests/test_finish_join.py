@@ -20,7 +20,10 @@ from shadow.stream.join import reason_label
 
 
 def open_pipeline(path) -> Pipeline:
-    pipeline = Pipeline(ServiceStore(path), PipelineConfig(windows_enabled=False))
+    # these tests order events by their times and the reorder window alone: their sources
+    # post once each, and the wait for a slow source has its own tests (test_source_clocks)
+    config = PipelineConfig(windows_enabled=False, source_wait_s=0.0)
+    pipeline = Pipeline(ServiceStore(path), config)
     pipeline.start()
     return pipeline
 

@@ -18,9 +18,11 @@ from shadow.service.store import StorageError
 router = APIRouter()
 
 
-def flush_reorder_window(runtime: Runtime) -> None:
-    """Apply what the reorder window holds and collect the window replays that finished."""
-    runtime.pipeline.drain()
+def flush_reorder_window(runtime: Runtime, idle: bool = False) -> None:
+    """Apply what the reorder window holds and collect the window replays that finished.
+    `idle`: the stream went quiet, which a stall looks like too, so each fleet is applied
+    only as far as its live sources got (`Pipeline.drain`)."""
+    runtime.pipeline.drain(wait_for_sources=idle)
     with runtime.pipeline.lock:
         runtime.pipeline.collect_windows()
 

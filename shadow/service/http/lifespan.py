@@ -54,7 +54,7 @@ async def _idle_flush(state: AppState) -> None:
         runtime = state.runtime
         quiet = time.monotonic() - state.last_submit > settings.idle_flush_s
         if quiet and not runtime.pipeline.broken:
-            await run_in_threadpool(flush_reorder_window, runtime)
+            await run_in_threadpool(flush_reorder_window, runtime, True)
 
 
 def _start(state: AppState, runtime: Runtime) -> Started:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import queue
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from shadow.service.ingest.progress_seen import ProgressSeen
 from shadow.service.ingest.reorder import Entry, ReorderBuffer
 from shadow.service.ingest.rows import lifecycle_row, stored_event
 from shadow.service.ingest.seen import RecentInts
+from shadow.service.ingest.source_clocks import SourceClocks
 from shadow.service.ingest.windows import WindowScheduler
 from shadow.service.store import EventBatch, ServiceStore
 from shadow.stream.audit import AuditConfig
@@ -47,6 +50,8 @@ log = logging.getLogger(__name__)
 MAX_PENDING_SAMPLES = 1000
 #: how often the progress log is folded into `progress_latest` (see migration 0008)
 PROGRESS_FOLD_EVERY_S = 5.0
+#: before every (ts, class order): a fleet with nothing applied yet
+_BEFORE_ALL = (-math.inf, -1)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,12 @@ class PipelineConfig:
     (`ge`, `gt`, `le`, `lt`; the settings check them)."""
 
     reorder_window_s: float = field(default=2.0, metadata={"ge": 0})
+    #: a fleet's events are released no further than its slowest live source's time
+    #: (less the window); a source holds it for at most this long (wall time, counted
+    #: while ingest goes on) after its last post (`source_clocks`)
+    source_wait_s: float = field(default=3.0, metadata={"ge": 0})
+    #: ... and not when it is this far (event time) behind its fleet's newest event
+    source_max_lag_s: float = field(default=30.0, metadata={"ge": 0})
     seq_window: int = 1_000_000
     ghost_sweep_every_s: float = 5.0
     audit_enabled: bool = True
@@ -132,7 +143,12 @@ class Pipeline:
         self.lock = threading.RLock()
         self._buffer = ReorderBuffer()
         self._max_ts = float("-inf")
-        self._last_applied: tuple[float, int] = (float("-inf"), -1)
+        self._clocks = SourceClocks(
+            self.config.reorder_window_s, self.config.source_wait_s,
+            self.config.source_max_lag_s,
+        )  # fmt: skip
+        #: per fleet, the (ts, class order) of the last event applied in order
+        self._last_applied: dict[str, tuple[float, int]] = {}
         self._next_id = 1
         self._seqs: dict[tuple[str, str], RecentInts] = {}
         self._steps_seen: dict[tuple[str, str], RecentInts] = {}
@@ -200,11 +216,13 @@ class Pipeline:
                     continue
                 derive = ingest_id > applied_through
                 self._apply(event, ingest_id, violations, stream, derive=derive)
-                self._last_applied = (ts, EVENT_ORDER[kind])
+                self._last_applied[event.fleet] = (ts, EVENT_ORDER[kind])
             # in id order, as ingest pushes: the buffer then finds its lowest id without a
             # scan for as long as this process runs (`ReorderBuffer.lowest_id`)
+            now = time.monotonic()
             for entry in sorted(held, key=itemgetter(2)):
                 self._buffer.push(entry)
+                self._clocks.saw(entry[3].fleet, entry[3].source, entry[0], now)
             self._forget_finished_progress()
             self._forget_finished(stream)
             self._audits.submit(stream)
@@ -359,14 +377,26 @@ class Pipeline:
                     batch.seq_high[key] = memory.high
                 if fresh:
                     self._next_id = next_id
+                    push = self._buffer.push
+                    #: (fleet, source) -> its newest event in the batch
+                    newest: dict[tuple[str, str], float] = {}
                     for entry in fresh:
-                        self._buffer.push(entry)
-                        if entry[0] > self._max_ts:
-                            self._max_ts = entry[0]
-                    upto = self._max_ts - self.config.reorder_window_s
+                        push(entry)
+                        ts = entry[0]
+                        event = entry[3]
+                        key = (event.fleet, event.source)
+                        if ts > newest.get(key, -math.inf):
+                            newest[key] = ts
+                    clocks, now = self._clocks, time.monotonic()
+                    clocks.batch(now)
+                    for (fleet, source), ts in newest.items():
+                        clocks.saw(fleet, source, ts, now)
+                        if ts > self._max_ts:
+                            self._max_ts = ts
+                    upto = clocks.release_points(now)
                     if len(self._buffer) > self.config.limits.max_reorder_events:
                         self.bound_hits["reorder_buffer"] += 1
-                        upto = self._max_ts  # apply what is held now rather than hold more
+                        upto = clocks.newest()  # apply what is held now rather than hold more
                     job = self._release(upto, batch)
                     self._forget_finished_progress()
             except BaseException as error:
@@ -442,10 +472,16 @@ class Pipeline:
 
     # -- apply ----------------------------------------------------------------------
 
-    def drain(self) -> None:
-        """Apply everything buffered (end of a file, an idle stream, shutdown)."""
+    def drain(self, wait_for_sources: bool = False) -> None:
+        """Apply everything buffered (end of a file, a flush, shutdown). With
+        `wait_for_sources` (a stream gone quiet for a moment, which may be a stall),
+        each fleet only up to where its live sources got (`SourceClocks`): what one
+        source sent ahead of another still waits for the other's."""
         with self.lock:
-            self._wait(self._release(float("inf")))
+            upto: float | dict[str, float] = float("inf")
+            if wait_for_sources:
+                upto = self._clocks.release_points(time.monotonic(), window_s=0.0)
+            self._wait(self._release(upto))
             self.flush_audits()
 
     def _apply(
@@ -462,18 +498,22 @@ class Pipeline:
         if event.type == "finish":
             self._progress_seen.finished((event.fleet, event.request_id), event.ts)
 
-    def _release(self, upto: float, batch: EventBatch | None = None) -> CommitJob | None:
-        """Apply buffered events up to `upto`, then queue `batch` (the events being
-        acknowledged) with everything derived for one transaction; the caller waits for
-        it to commit (None: nothing to write)."""
+    def _release(
+        self, upto: float | Mapping[str, float], batch: EventBatch | None = None
+    ) -> CommitJob | None:
+        """Apply buffered events up to `upto` (one time, or each fleet's), then queue
+        `batch` (the events being acknowledged) with everything derived for one
+        transaction; the caller waits for it to commit (None: nothing to write)."""
         violations: list[tuple[int, Violation]] = []
         stream: list[StreamItem] = []
         applied = 0
+        last_applied = self._last_applied
         for ts, order, ingest_id, event in self._buffer.pop_until(upto):
-            if (ts, order) < self._last_applied:
-                self._fleet(event.fleet).late_events += 1
+            fleet = event.fleet
+            if (ts, order) < last_applied.get(fleet, _BEFORE_ALL):
+                self._fleet(fleet).late_events += 1
             else:
-                self._last_applied = (ts, order)
+                last_applied[fleet] = (ts, order)
             self._apply(event, ingest_id, violations, stream, derive=True)
             applied += 1
         if applied:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
+from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -30,14 +31,15 @@ class ReorderBuffer:
 
     def __init__(self) -> None:
         self._runs: dict[str, list[Entry]] = {}
-        self._late: list[Entry] = []
+        #: per fleet, its stragglers (a heap): each fleet is released up to its own time
+        self._late: dict[str, list[Entry]] = {}
         #: every entry so far was pushed in ingest-id order (the ingest path's, which
         #: numbers events as it pushes them): then a run's ids rise along it too
         self._ids_in_push_order = True
         self._last_pushed_id = -math.inf
 
     def __len__(self) -> int:
-        return sum(map(len, self._runs.values())) + len(self._late)
+        return sum(map(len, self._runs.values())) + sum(map(len, self._late.values()))
 
     def push(self, entry: Entry) -> None:
         if entry[2] < self._last_pushed_id:
@@ -50,20 +52,24 @@ class ReorderBuffer:
         if not run or entry > run[-1]:
             run.append(entry)
         else:
-            heapq.heappush(self._late, entry)
+            heapq.heappush(self._late.setdefault(fleet, []), entry)
 
-    def pop_until(self, upto: float) -> list[Entry]:
-        """Remove and return, in order, every entry with a time up to `upto`."""
+    def pop_until(self, upto: float | Mapping[str, float]) -> list[Entry]:
+        """Remove and return, in order, every entry with a time up to `upto`: one time for
+        every fleet, or each fleet's own (a fleet it does not name keeps its entries)."""
         released: list[Entry] = []
-        cut = (upto, math.inf)  # after every entry at `upto`, before any later one
-        for run in self._runs.values():
-            if run and run[0][0] <= upto:
+        each = upto if isinstance(upto, Mapping) else None
+        for fleet, run in self._runs.items():
+            limit = upto if each is None else each.get(fleet, -math.inf)
+            if run and run[0][0] <= limit:
+                cut = (limit, math.inf)  # after every entry at `limit`, before any later one
                 end = bisect_right(run, cut)
                 released += run[:end]
                 del run[:end]
-        late = self._late
-        while late and late[0][0] <= upto:
-            released.append(heapq.heappop(late))
+        for fleet, late in self._late.items():
+            limit = upto if each is None else each.get(fleet, -math.inf)
+            while late and late[0][0] <= limit:
+                released.append(heapq.heappop(late))
         released.sort()
         return released
 
@@ -75,6 +81,5 @@ class ReorderBuffer:
             ids = [run[0][2] for run in self._runs.values() if run]
         else:
             ids = [min(map(_INGEST_ID, run)) for run in self._runs.values() if run]
-        if self._late:
-            ids.append(min(map(_INGEST_ID, self._late)))
+        ids += [min(map(_INGEST_ID, late)) for late in self._late.values() if late]
         return min(ids) if ids else None
