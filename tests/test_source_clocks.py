@@ -141,7 +141,11 @@ def test_without_the_wait_the_same_stream_reads_as_drift(open_pipeline):
     violations = stalled_stream(pipeline)
     assert [v["kind"] for v in violations] == ["engine_drift"], violations
     assert "mirror has 0 active, engine reports 4 running" in violations[0]["detail"]
-    assert pipeline.fleets["default"].late_events > 0
+    state = pipeline.fleets["default"]
+    assert state.late_events > 0
+    # all of them the tap's: its dispatches and progress, behind the engines' steps
+    assert {source for source, _ in state.late_by_source} == {"tap"}
+    assert {"dispatch", "progress"} <= {kind for _, kind in state.late_by_source}
 
 
 def idle_steps(count: int) -> list[dict]:

@@ -101,6 +101,10 @@ def snapshot(fleet: str, state: State) -> dict[str, Any]:
         "engine_steps": found.engine_steps,
         "state_mismatches": found.state_mismatches,
         "late_events": found.late_events,
+        "late_by_source": [
+            {"source": source, "type": kind, "events": count}
+            for (source, kind), count in sorted(found.late_by_source.items())
+        ],
     }
 
 

@@ -9,6 +9,7 @@ the dispatch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,8 @@ class FleetState:
         self.state_mismatches = 0
         self.engine_steps = 0
         self.late_events = 0
+        #: the same by the late event's source and kind: which sender lags, and in what
+        self.late_by_source: Counter[tuple[str, str]] = Counter()
         self.window_failures = 0
         self.incumbent = "jsq-pool"
         self.stored_windows: set[int] = set()

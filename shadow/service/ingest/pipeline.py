@@ -511,7 +511,9 @@ class Pipeline:
         for ts, order, ingest_id, event in self._buffer.pop_until(upto):
             fleet = event.fleet
             if (ts, order) < last_applied.get(fleet, _BEFORE_ALL):
-                self._fleet(fleet).late_events += 1
+                state = self._fleet(fleet)
+                state.late_events += 1
+                state.late_by_source[(event.source, event.type)] += 1
             else:
                 last_applied[fleet] = (ts, order)
             self._apply(event, ingest_id, violations, stream, derive=True)
