@@ -39,6 +39,7 @@ METRICS = {
     "shadow_events_total", "shadow_events_rejected_total", "shadow_mirror_kv_tokens",
     "shadow_mirror_active_requests", "shadow_pool_requests", "shadow_observed_imbalance_tokens",
     "shadow_observed_gap_tokens", "shadow_mirror_state_mismatches_total",
+    "shadow_late_events_total",
     "shadow_window_imbalance_tokens", "shadow_window_gap_tokens",
     "shadow_window_throughput_tokens_per_second", "shadow_window_tpot_p95_seconds",
     "shadow_window_step_seconds", "shadow_window_ratio", "shadow_replay_fidelity_ratio",

@@ -245,3 +245,52 @@ def test_sources_delayed_any_amount_against_each_other_apply_in_event_time(
     assert pipeline.store.query("SELECT kind, detail FROM violations") == []
     assert all(not w.active for w in state.mirror.order)
     assert state.mirror.workers["w0"].steps == 129
+
+
+def test_late_events_are_counted_by_source_in_metrics_and_the_snapshot(tmp_path):
+    """With no wait (the rule before), the tap's dispatches behind the engines' steps
+    come late: /metrics and the snapshot name the tap and the kinds."""
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shadow.service.http.app import create_app
+    from shadow.service.settings import load_settings
+
+    settings = load_settings(None, db=tmp_path / "late.duckdb", workers_processes=False,
+                             windows=False, ingest={"source_wait_s": 0.0})  # fmt: skip
+
+    def body(source: str, events: list[dict]) -> str:
+        return "\n".join(json.dumps(e | {"source": source, "seq": k}) for k, e in enumerate(events))
+
+    worker = [{"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 8}]
+    dispatches = [
+        {"type": "dispatch", "ts": 1.0 + r / 10, "request_id": f"r{r}", "worker": "w0"}
+        for r in range(4)
+    ]
+    readies = [
+        {"type": "ready", "ts": 1.0, "request_id": f"r{r}", "prompt_tokens": 5} for r in range(4)
+    ]
+    with TestClient(create_app(settings)) as client:
+        assert client.post("/v1/events", content=body("tap", worker)).status_code == 200
+        assert client.post("/v1/events", content=body("engines", idle_steps(10))).status_code == 200
+        late = body("router", readies + dispatches)
+        assert client.post("/v1/events", content=late).status_code == 200
+        client.post("/v1/flush")
+        text = client.get("/metrics").text
+        snapshot = client.get("/v1/fleets/default/snapshot").json()
+    found = {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "shadow_late_events_total"
+    }
+    fleet = ("fleet", "default")
+    assert found == {
+        (fleet, ("source", "router"), ("type", "dispatch")): 4,
+        (fleet, ("source", "router"), ("type", "ready")): 4,
+    }
+    assert snapshot["late_events"] == 8
+    assert snapshot["late_by_source"] == [
+        {"source": "router", "type": "dispatch", "events": 4},
+        {"source": "router", "type": "ready", "events": 4},
+    ]

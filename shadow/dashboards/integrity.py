@@ -166,6 +166,21 @@ def build() -> dashboard.Dashboard:
             width=24,
         )
     )
+    builder.with_panel(
+        timeseries_panel(
+            "Late events by source",
+            "Events applied after later ones of their fleet, per second, by the sender and "
+            "type: a sender that lags past the reorder window (or whose clock is off).",
+            PER_SECOND,
+            [
+                prom_query(
+                    f"sum by (source, type) (rate(shadow_late_events_total{{{FLEET}}}{RATE}))",
+                    "{{source}} {{type}}",
+                )
+            ],
+            width=24,
+        )
+    )
     builder.with_row(row("Mode and fallback"))
     builder.with_panel(
         timeline_panel(

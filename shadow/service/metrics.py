@@ -156,8 +156,15 @@ class ServiceCollector(Collector):
             "shadow does not know, kept as sent; `recomputed`: back to the pool).",
             labels=["fleet", "reason"],
         )  # fmt: skip
+        late = CounterMetricFamily(
+            "shadow_late_events", "Events applied after later ones of their fleet (they came "
+            "past the reorder window), by source and type: a sender that lags.",
+            labels=["fleet", "source", "type"],
+        )  # fmt: skip
         with pipeline.lock:
             for name, state in sorted(pipeline.fleets.items()):
+                for (source, kind), count in sorted(state.late_by_source.items()):
+                    late.add_metric([name, source, kind], count)
                 loads = [w.load for w in state.mirror.order]
                 for worker in state.mirror.order:
                     kv.add_metric([name, worker.worker_id], worker.load)
@@ -174,7 +181,7 @@ class ServiceCollector(Collector):
                 for reason, count in sorted(join.reasons.items()):
                     reasons.add_metric([name, reason], count)
         yield from (kv, active, pool, imbalance, gap, mismatch)
-        yield from (estimates, corrections, unjoined, reasons)
+        yield from (estimates, corrections, unjoined, reasons, late)
         yield from self._windows(runtime)
         yield self._predictor(runtime)
         yield from self._audit(runtime)
