@@ -69,6 +69,21 @@ def test_a_source_far_behind_is_not_waited_for_and_a_stopped_one_is_forgotten():
     assert c.release_points(104.5)["a"] == 37.0
 
 
+def test_a_fleet_gone_quiet_is_released_by_the_time_of_the_others():
+    """No live source: the rule before (the newest event anywhere, less the window), so
+    its last events are not held while another fleet keeps the service busy."""
+    c = clocks(wait_s=3.0)
+    c.batch(100.0)
+    c.saw("quiet", "router", 50.0, 100.0)
+    c.saw("busy", "engines", 50.0, 100.0)
+    assert c.release_points(101.0) == {"quiet": 48.0, "busy": 48.0}
+    for now in (100.5, 101.0, 101.5, 102.0, 102.5, 103.0, 103.5, 104.0):  # no gap
+        c.batch(now)
+        c.saw("busy", "engines", 50.0 + now - 100.0, now)
+    assert c.release_points(104.0) == {"quiet": 52.0, "busy": 52.0}
+    assert c.release_points(104.0, window_s=0.0)["quiet"] == 54.0  # the idle flush: all
+
+
 # -- through the pipeline -------------------------------------------------------------
 
 
@@ -163,6 +178,19 @@ def test_a_quiet_source_stops_holding_the_fleet(open_pipeline):
     time.sleep(0.3)
     send(pipeline, "engines", idle_steps(10))
     assert pipeline.fleets["default"].mirror.workers["w0"].steps == 8  # up to 10.0 - 2
+
+
+def test_a_quiet_fleet_beside_a_busy_one_is_applied(open_pipeline):
+    """The UI test's case: a fleet that posted once, beside the demo's fleet posting on."""
+    pipeline = open_pipeline(source_wait_s=0.2)
+    send(pipeline, "once", [{"type": "worker", "ts": 5.0, "worker": "x", "capacity": 4,
+                             "fleet": "xss"}])  # fmt: skip
+    for k in range(4):
+        send(
+            pipeline, "engines", [{"type": "worker", "ts": 5.0 + k, "worker": "w0", "capacity": 8}]
+        )
+        time.sleep(0.1)
+    assert "x" in pipeline.fleets["xss"].mirror.workers
 
 
 def test_the_idle_flush_applies_only_as_far_as_the_live_sources_got(open_pipeline):
@@ -285,9 +313,11 @@ def test_late_events_are_counted_by_source_in_metrics_and_the_snapshot(tmp_path)
         if s.name == "shadow_late_events_total"
     }
     fleet = ("fleet", "default")
+    # every sender, 0 for those on time
     assert found == {
-        (fleet, ("source", "router"), ("type", "dispatch")): 4,
-        (fleet, ("source", "router"), ("type", "ready")): 4,
+        (fleet, ("source", "engines")): 0,
+        (fleet, ("source", "router")): 8,
+        (fleet, ("source", "tap")): 0,
     }
     assert snapshot["late_events"] == 8
     assert snapshot["late_by_source"] == [

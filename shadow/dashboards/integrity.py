@@ -169,13 +169,13 @@ def build() -> dashboard.Dashboard:
     builder.with_panel(
         timeseries_panel(
             "Late events by source",
-            "Events applied after later ones of their fleet, per second, by the sender and "
-            "type: a sender that lags past the reorder window (or whose clock is off).",
+            "Events applied after later ones of their fleet, per second, by sender: one that "
+            "lags past the reorder window (or whose clock is off). By type in the snapshot.",
             PER_SECOND,
             [
                 prom_query(
-                    f"sum by (source, type) (rate(shadow_late_events_total{{{FLEET}}}{RATE}))",
-                    "{{source}} {{type}}",
+                    f"sum by (source) (rate(shadow_late_events_total{{{FLEET}}}{RATE}))",
+                    "{{source}}",
                 )
             ],
             width=24,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -158,13 +159,17 @@ class ServiceCollector(Collector):
         )  # fmt: skip
         late = CounterMetricFamily(
             "shadow_late_events", "Events applied after later ones of their fleet (they came "
-            "past the reorder window), by source and type: a sender that lags.",
-            labels=["fleet", "source", "type"],
+            "past the reorder window), by source (0 for each sender that is on time): a "
+            "sender that lags. By type in the fleet's snapshot.",
+            labels=["fleet", "source"],
         )  # fmt: skip
         with pipeline.lock:
             for name, state in sorted(pipeline.fleets.items()):
-                for (source, kind), count in sorted(state.late_by_source.items()):
-                    late.add_metric([name, source, kind], count)
+                by_source = Counter(dict.fromkeys(pipeline.sources(name), 0))
+                for (source, _), count in state.late_by_source.items():
+                    by_source[source] += count
+                for source, count in sorted(by_source.items()):
+                    late.add_metric([name, source], count)
                 loads = [w.load for w in state.mirror.order]
                 for worker in state.mirror.order:
                     kv.add_metric([name, worker.worker_id], worker.load)

@@ -472,6 +472,10 @@ class Pipeline:
 
     # -- apply ----------------------------------------------------------------------
 
+    def sources(self, fleet: str) -> list[str]:
+        """The senders of `fleet` the release keeps track of (`SourceClocks`)."""
+        return self._clocks.sources(fleet)
+
     def drain(self, wait_for_sources: bool = False) -> None:
         """Apply everything buffered (end of a file, a flush, shutdown). With
         `wait_for_sources` (a stream gone quiet for a moment, which may be a stall),

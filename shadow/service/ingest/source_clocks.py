@@ -19,6 +19,9 @@ source that posts once), so it holds its fleet back only while it is live:
 - and not when it is more than `max_lag_s` of event time behind its fleet's newest event
   (a clock that far off is not one to wait for).
 
+A fleet with no live source is released as before source clocks: up to the newest event
+of any fleet, less the window, so one gone quiet beside a busy one is not held for good.
+
 Pure bookkeeping: the pipeline passes the times in (`now`, monotonic seconds).
 """
 
@@ -67,14 +70,18 @@ class SourceClocks:
             known.last_post = now
 
     def release_points(self, now: float, window_s: float | None = None) -> dict[str, float]:
-        """Per fleet, the time up to which its events can be applied: its slowest live
-        source's time less the window (`window_s`, default the reorder window's)."""
+        """Per fleet, the time up to which its events can be applied, less the window
+        (`window_s`, default the reorder window's): its slowest live source's time; for a
+        fleet with no live source, the newest event of any fleet (the rule before: time
+        moving on elsewhere releases a fleet gone quiet, as it does with `wait_s` 0)."""
         window_s = self.window_s if window_s is None else window_s
+        fleets = self._fleets
+        newest = {f: max(s.clock for s in sources.values()) for f, sources in fleets.items()}
+        everywhere = max(newest.values(), default=-math.inf)
         points: dict[str, float] = {}
-        for fleet, sources in self._fleets.items():
-            newest = max(s.clock for s in sources.values())
-            floor = newest - self.max_lag_s
-            slowest = newest
+        for fleet, sources in fleets.items():
+            floor = newest[fleet] - self.max_lag_s
+            slowest = math.inf
             gone = []
             for name, source in sources.items():
                 live = now - max(source.last_post, self._resumed) < self.wait_s
@@ -84,8 +91,12 @@ class SourceClocks:
                     gone.append(name)  # a source that stopped (a restarted plugin's old name)
             for name in gone:
                 del sources[name]
-            points[fleet] = slowest - window_s
+            points[fleet] = (everywhere if slowest == math.inf else slowest) - window_s
         return points
+
+    def sources(self, fleet: str) -> list[str]:
+        """The sources of `fleet` it keeps (those that posted lately or are not far behind)."""
+        return list(self._fleets.get(fleet, ()))
 
     def newest(self) -> dict[str, float]:
         """Per fleet, its newest event's time (where the buffer's bound releases to)."""
