@@ -40,6 +40,7 @@ from shadow.connectors.vllm_plugin import (
     parse_workers,
 )
 from shadow.world.process import ServerProcess, free_port
+from shadow.world.real_vllm import engine_environment
 from tests.service_helpers import ThreadedServer
 from tests.vllm_helpers import engine_value, need_vllm, scrape
 
@@ -404,9 +405,9 @@ def vllm_server(setup, log_path: Path, plugin_env: dict[str, str]):
     yields (its URL, its process); stopped with its whole process group."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": f"{setup.entry_points}:{REPO}",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-           **plugin_env}  # fmt: skip
+    env = engine_environment(
+        {**os.environ, "PYTHONPATH": f"{setup.entry_points}:{REPO}", **plugin_env}
+    )
     with log_path.open("wb") as log_file:
         engine = subprocess.Popen(
             [setup.python, "-m", "vllm.entrypoints.openai.api_server", "--model",

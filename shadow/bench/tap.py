@@ -38,7 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from shadow.bench.stalls import Heartbeat, overlaps_stall
 from shadow.connectors.tap.upstream import UpstreamClient
 from shadow.world.process import REPO, ServerProcess, free_port
-from shadow.world.real_vllm import TINY_MODEL_OMP_THREADS, require_vllm_python
+from shadow.world.real_vllm import (
+    TINY_MODEL_OMP_THREADS,
+    engine_environment,
+    require_vllm_python,
+)
 from shadow.world.real_vllm import VllmUnavailable as VllmUnavailable
 
 TARGET_P99_ADDED_MS = 1.0
@@ -67,9 +71,10 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 240.0) -> VllmServer:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", TINY_MODEL_OMP_THREADS),
-               "PYTHONPATH": str(REPO)}  # fmt: skip
+        env = engine_environment({
+            **os.environ, "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", TINY_MODEL_OMP_THREADS),
+        })  # fmt: skip
         # built by vLLM's Python: it has the tokenizers library, this one may not
         subprocess.run(
             [self.python, "-c", "import sys; from pathlib import Path; from shadow.world."

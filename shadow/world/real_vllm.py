@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +111,21 @@ def descendants(pid: int) -> list[int]:
         found += below
         frontier = below
     return found
+
+
+#: first on every vLLM process's PYTHONPATH: its `sitecustomize` asks Linux for the AMX
+#: tile state, which vLLM 0.32's CPU attention uses without asking (SIGILL on a first
+#: prefill of 1-4 tokens on an AMX machine; the module says more)
+AMX_SITE = Path(__file__).with_name("amx_site")
+
+
+def engine_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a vLLM server of the tiny model here: `base`, with the CPU
+    build's settings unless it sets them (1 GiB of KV cache, no thread binding), and
+    `AMX_SITE` first on its PYTHONPATH."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", **base}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AMX_SITE), env.get("PYTHONPATH")) if p)
+    return env
 
 
 def build_model(
@@ -198,13 +214,9 @@ class VllmServer:
         if self.spec.executor is not None:
             command += ["--distributed-executor-backend", self.spec.executor]
         workers = ",".join(f"{i}={w}" for i, w in enumerate(self.workers))
-        env = {
-            **os.environ,
-            **self.plugin_env,
-            "SHADOW_PLUGIN_WORKERS": workers,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        }
+        env = engine_environment(
+            {**os.environ, **self.plugin_env, "SHADOW_PLUGIN_WORKERS": workers}
+        )
         omp = os.environ.get("OMP_NUM_THREADS", self.spec.omp_threads)
         if omp is None:
             env.pop("OMP_NUM_THREADS", None)

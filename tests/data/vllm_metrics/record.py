@@ -76,7 +76,9 @@ class VllmServer:
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-            "PYTHONPATH": str(ROOT),
+            # first: a sitecustomize asking for AMX, which vLLM's CPU attention uses
+            # without asking (shadow.world.real_vllm.engine_environment)
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "shadow" / "world" / "amx_site"), str(ROOT)]),
         }
         command = [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
