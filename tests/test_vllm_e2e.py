@@ -408,67 +408,98 @@ def run(tmp_path_factory):
         service.stop()
 
 
+#: rounds of long requests tried before the fixture gives up (see `start_longs`)
+LONG_ATTEMPTS = 3
+
+
+def start_longs(pool, api: httpx.Client, router: str, result: Run):
+    """Five long requests, and a wait until worker 2's streams (its client has its first
+    byte) with every one placed and none ended: the kill then breaks a running stream,
+    and the steady phase follows at once on the others. Five, so that JSQ (fewest in
+    flight, ties to the lowest index) gives workers 0 and 1 two each and worker 2, the
+    one killed, one. Streaming is what the clients see: this vLLM build on 2 cores starts
+    a request that reaches a busy API server only when the stream before it ends (its
+    /metrics and /health answer as late), so the engines are not asked.
+
+    Returns (the requests' futures, job id -> worker), the placement None when a long one
+    ended first; the round's jobs are in `result.jobs` either way (they ran)."""
+    longs = [
+        Job(f"long{i}-{uuid.uuid4().hex[:8]}", False, True, 1, 200, LONG_TOKENS) for i in range(5)
+    ]
+    result.jobs += longs
+    t0 = time.time()
+    running = [pool.submit(call, router, job) for job in longs]
+    placed: dict[str, str] = {}  # long job id -> the worker the tap dispatched it to
+    history: list[tuple] = []  # (s since the start, placed, streaming, ended)
+    began = time.monotonic()
+
+    def look() -> str | None:
+        """Whether worker 2's streams ("go") or a long one ended first ("late")."""
+        if len(placed) < len(longs):
+            api.post("/v1/flush")
+            for job in longs:
+                if job.rid not in placed:
+                    events = api.get(f"/v1/fleets/default/requests/{history_path(job.ids[0])}")
+                    dispatched = [
+                        e.get("worker")
+                        for e in (events.json()["events"] if events.status_code == 200 else [])
+                        if e["type"] == "dispatch"
+                    ]
+                    if dispatched:
+                        placed[job.rid] = dispatched[0]
+        on2 = [j for j in longs if placed.get(j.rid) == "2"]
+        streaming = [j.rid for j in longs if j.first_byte_at is not None and j.done_at is None]
+        ended = [j.rid for j in longs if j.done_at is not None]
+        now = (dict(placed), streaming, ended)
+        if not history or history[-1][1:] != now:
+            history.append((round(time.monotonic() - began, 2), *now))
+        # every long one placed too: the split is checked right after, and the last
+        # dispatch can reach the service after worker 2's stream began
+        everyone = len(placed) == len(longs)
+        if ended:
+            return "late"
+        go = everyone and bool(on2) and all(j.rid in streaming for j in on2)
+        return "go" if go else None
+
+    seen = wait_until(look, 120, every=0.1)
+    answered = all(j.status == 200 and j.error is None for j in longs if j.done_at)
+    if seen == "late" and answered:  # a refused or failed one is not a matter of time
+        print(f"\na long request ended before worker 2's streamed; over time: {history}")
+        return running, None
+    assert seen == "go", (
+        f"worker 2's long request never streamed before a long one ended: "
+        f"clients: {[(j.rid, j.status, j.error) for j in longs if j.status or j.error]}; "
+        f"refused: {[j.body[:300] for j in longs if j.status and j.status != 200]}; "
+        f"over time (s, placed, streaming, ended): {history}; clients' first byte and "
+        f"end (s): {timeline(longs, t0)}"
+    )
+    assert sorted(placed.values()) == ["0", "0", "1", "1", "2"], placed
+    return running, placed
+
+
 def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> Run:
     """The load: the jobs with a kill of server 1 while some run on it, a steady-phase
     comparison of the mirror with the engine, a client that leaves, a refused request."""
     load = jobs()
-    # long enough to be running at the kill; five, so that JSQ (fewest in flight, ties to
-    # the lowest index) gives workers 0 and 1 two each and worker 2, the one killed, one
-    longs = [
-        Job(f"long{i}-{uuid.uuid4().hex[:8]}", False, True, 1, 200, LONG_TOKENS) for i in range(5)
-    ]
     cancelled = Job(
         f"gone-{uuid.uuid4().hex[:8]}", False, True, 1, 120, CANCELLED_TOKENS, cancel_after=6,
         leave_after_s=2.0,
     )  # fmt: skip
     rejected = Job(f"refused-{uuid.uuid4().hex[:8]}", False, False, 1, REJECTED_PROMPT, 16)
-    result = Run(world, service, recorders, load + longs, cancelled, rejected, [])
+    result = Run(world, service, recorders, list(load), cancelled, rejected, [])
     engine_url = world.servers[0].url
     with ThreadPoolExecutor(16) as pool, httpx.Client(base_url=service.url, timeout=30) as api:
-        t0 = time.time()
-        running = [pool.submit(call, router, job) for job in longs]
-
-        # The kill once worker 2's long request streams (its client has its first byte)
-        # and before any long one ended; then at once the steady phase on the others.
-        # Streaming is what the clients see: this vLLM build on 2 cores starts a request
-        # that reaches a busy API server only when the stream before it ends (its
-        # /metrics and /health answer as late), so the engines are not asked.
-        placed: dict[str, str] = {}  # long job id -> the worker the tap dispatched it to
-        history: list[tuple] = []  # (s since the start, placed, streaming, ended)
-        began = time.monotonic()
-
-        def worker2_streams() -> bool:
-            if len(placed) < len(longs):
-                api.post("/v1/flush")
-                for job in longs:
-                    if job.rid not in placed:
-                        events = api.get(f"/v1/fleets/default/requests/{history_path(job.ids[0])}")
-                        dispatched = [
-                            e.get("worker")
-                            for e in (events.json()["events"] if events.status_code == 200 else [])
-                            if e["type"] == "dispatch"
-                        ]
-                        if dispatched:
-                            placed[job.rid] = dispatched[0]
-            on2 = [j for j in longs if placed.get(j.rid) == "2"]
-            streaming = [j.rid for j in longs if j.first_byte_at is not None and j.done_at is None]
-            ended = [j.rid for j in longs if j.done_at is not None]
-            now = (dict(placed), streaming, ended)
-            if not history or history[-1][1:] != now:
-                history.append((round(time.monotonic() - began, 2), *now))
-            # every long one placed too: the split is checked right after, and the last
-            # dispatch can reach the service after worker 2's stream began
-            everyone = len(placed) == len(longs)
-            return everyone and bool(on2) and not ended and all(j.rid in streaming for j in on2)
-
-        assert wait_until(worker2_streams, 120, every=0.1), (
-            f"worker 2's long request never streamed before a long one ended: "
-            f"clients: {[(j.rid, j.status, j.error) for j in longs if j.status or j.error]}; "
-            f"refused: {[j.body[:300] for j in longs if j.status and j.status != 200]}; "
-            f"over time (s, placed, streaming, ended): {history}; clients' first byte and "
-            f"end (s): {timeline(longs, t0)}"
-        )
-        assert sorted(placed.values()) == ["0", "0", "1", "1", "2"], placed
+        for attempt in range(1, LONG_ATTEMPTS + 1):
+            running, placed = start_longs(pool, api, router, result)
+            if placed is not None:
+                break
+            # A long request ended before worker 2's streamed (a busy API server on a
+            # loaded machine sent it late): this round finishes as ordinary requests,
+            # and the next starts on idle engines, where JSQ places it the same way.
+            for future in running:
+                future.result()
+            assert attempt < LONG_ATTEMPTS, "worker 2's long request never streamed in time"
+            assert wait_until(lambda: engines_idle(engine_url), 120), "engines not idle"
         result.killed_workers = world.kill_server(1)
         for _ in range(6):
             api.post("/v1/flush")
@@ -702,7 +733,8 @@ def test_the_faults_give_exactly_the_expected_violations(run):
         reasons = {j.rid: [r["reason"] for r in finishes(api, j.ids[0])] for j in broken}
         # events applied after later ones (beyond the reorder window): a drift seen on
         # healthy workers with many of them is the stream's order, not the engines'
-        late = api.get("/v1/fleets/default/snapshot").json()["late_events"]
+        snap = api.get("/v1/fleets/default/snapshot").json()
+        late = (snap["late_events"], snap["late_by_source"])
     expected = {("over_capacity", "2", r) for j in run.jobs if j.status == 502 for r in j.ids}
     unexpected = [
         (v["kind"], v.get("worker"), v.get("request_id"), v.get("detail"))
