@@ -377,22 +377,27 @@ class Pipeline:
                     batch.seq_high[key] = memory.high
                 if fresh:
                     self._next_id = next_id
-                    push = self._buffer.push
-                    #: (fleet, source) -> its newest event in the batch
-                    newest: dict[tuple[str, str], float] = {}
-                    for entry in fresh:
-                        push(entry)
-                        ts = entry[0]
-                        event = entry[3]
-                        key = (event.fleet, event.source)
-                        if ts > newest.get(key, -math.inf):
-                            newest[key] = ts
                     clocks, now = self._clocks, time.monotonic()
                     clocks.batch(now)
-                    for (fleet, source), ts in newest.items():
-                        clocks.saw(fleet, source, ts, now)
-                        if ts > self._max_ts:
-                            self._max_ts = ts
+                    push = self._buffer.push
+                    # each source's newest event, taken per run of one (fleet, source):
+                    # a batch is nearly always one run
+                    run_fleet = run_source = None
+                    newest = -math.inf
+                    for entry in fresh:
+                        push(entry)
+                        event = entry[3]
+                        fleet, source = event.fleet, event.source
+                        if fleet == run_fleet and source == run_source:
+                            if entry[0] > newest:
+                                newest = entry[0]
+                            continue
+                        if run_fleet is not None:
+                            clocks.saw(run_fleet, run_source, newest, now)
+                            self._max_ts = max(self._max_ts, newest)
+                        run_fleet, run_source, newest = fleet, source, entry[0]
+                    clocks.saw(run_fleet, run_source, newest, now)
+                    self._max_ts = max(self._max_ts, newest)
                     upto = clocks.release_points(now)
                     if len(self._buffer) > self.config.limits.max_reorder_events:
                         self.bound_hits["reorder_buffer"] += 1
@@ -512,16 +517,24 @@ class Pipeline:
         stream: list[StreamItem] = []
         applied = 0
         last_applied = self._last_applied
+        run_fleet = None  # the fleet of the events being applied, and its last in order
+        last = _BEFORE_ALL
         for ts, order, ingest_id, event in self._buffer.pop_until(upto):
             fleet = event.fleet
-            if (ts, order) < last_applied.get(fleet, _BEFORE_ALL):
+            if fleet != run_fleet:
+                if run_fleet is not None:
+                    last_applied[run_fleet] = last
+                run_fleet, last = fleet, last_applied.get(fleet, _BEFORE_ALL)
+            if (ts, order) < last:
                 state = self._fleet(fleet)
                 state.late_events += 1
                 state.late_by_source[(event.source, event.type)] += 1
             else:
-                last_applied[fleet] = (ts, order)
+                last = (ts, order)
             self._apply(event, ingest_id, violations, stream, derive=True)
             applied += 1
+        if run_fleet is not None:
+            last_applied[run_fleet] = last
         if applied:
             self._forget_finished(stream)
         self._audits.submit(stream)
