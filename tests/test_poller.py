@@ -750,6 +750,8 @@ def load_recorder():
 
 #: the live poller's fetch timeout: above the 5-20 s this vLLM build's /metrics lags
 LIVE_TIMEOUT_S = 30.0
+#: the live scenario's own waits add up to ~2 minutes at most
+SCENARIO_TIMEOUT_S = 300.0
 
 
 def test_live_vllm_dp_server_maps_every_rank_to_its_worker(tmp_path: Path) -> None:
@@ -798,7 +800,9 @@ def test_live_vllm_dp_server_maps_every_rank_to_its_worker(tmp_path: Path) -> No
                 )
             return poller, partial
 
-        poller, partial = asyncio.run(scenario())
+        # a bound on the whole: a fresh-clone CI run once sat in this scenario for 10+
+        # minutes with the poller still scraping (cause not found); fail, never hang CI
+        poller, partial = asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT_S))
         text = server.metrics()
     assert poller.failures == {"w-left": 0, "w-right": 0}
     assert all(status["page_errors"] == [] for status in poller.status().values())
