@@ -32,6 +32,8 @@ from shadow.world.event_wire import sink_fields
 from shadow.world.tap import HOP_BY_HOP, prompt_hash_of, prompt_tokens_of, proxy_client
 
 POLICIES = ("jsq-pool", "rr")
+#: tries at connecting to the tap before a request is answered 502 (see `Router._send`)
+CONNECT_ATTEMPTS = 2
 
 
 class Router:
@@ -154,22 +156,33 @@ class Router:
             view = {w: {"running": n - (w == worker)} for w, n in self.in_flight.items()}
         headers["x-router-view"] = json.dumps(view, separators=(",", ":"))
         headers["x-router-policy"] = self.policy
-        assert self._client is not None
         try:
-            upstream = await self._client.send(
-                self._client.build_request(
-                    "POST", f"{self.upstream}/{worker}{request.url.path}", headers=headers,
-                    content=body,
-                ),
-                stream=True,
-            )  # fmt: skip
+            url = f"{self.upstream}/{worker}{request.url.path}"
+            upstream = await self._send(url, headers, body)
         except httpx.HTTPError as error:
             self.excluded.add(worker)
             self._release(worker)
-            return JSONResponse({"error": f"upstream {worker}: {error}"}, status_code=502)
+            reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            return JSONResponse({"error": f"upstream {worker}: {reason}"}, status_code=502)
         if upstream.status_code == 502:
             self.excluded.add(worker)
         return _Relay(self, worker, upstream)
+
+    async def _send(self, url: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+        """The request to the tap, sent again once if connecting to it timed out. httpx
+        times a connect with a timer beside the socket: when this loop stalls past the
+        timeout (a host starved for seconds) the timer can win though the kernel had long
+        connected, and nothing was sent yet. Seen in the real-vLLM tests as a 502 with an
+        empty error; a tap that is truly gone is refused at once, not timed out."""
+        assert self._client is not None
+        for attempt in range(CONNECT_ATTEMPTS):
+            try:
+                request = self._client.build_request("POST", url, headers=headers, content=body)
+                return await self._client.send(request, stream=True)
+            except httpx.ConnectTimeout:
+                if attempt == CONNECT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _pump(self, worker: str, upstream: httpx.Response, send: Send) -> None:
         try:
