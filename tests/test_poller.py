@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -257,6 +258,37 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+def test_stopping_in_the_tick_a_fetch_finished_stops_the_poller() -> None:
+    """Python 3.11's `asyncio.wait_for` returns the result, and drops the cancellation,
+    when its awaited task finished in the same tick as the cancel. `stop` then waited for
+    ever on a poller that went on scraping (a fresh-clone CI run sat 10+ minutes in the
+    live vLLM test that way). The fetch here finishes and wakes the test, which stops the
+    poller before `_scrape`'s `wait_for` resumes: exactly that order."""
+
+    async def scenario() -> tuple[float, list[asyncio.Task[None]]]:
+        poller = MetricsPoller([Target("w0", "http://127.0.0.1:9")], interval_s=0.01)
+        fetched = asyncio.Event()
+
+        async def fetch(url: str) -> tuple[float, dict[str, EngineSample]]:
+            if fetched.is_set():  # a poller that went on: fetch no more (the test ends)
+                await asyncio.Event().wait()
+            fetched.set()  # wakes the test first ...
+            return time.time(), {}  # ... then this task's end wakes `wait_for`
+
+        poller._fetch = fetch  # type: ignore[method-assign]
+        await poller.start()
+        tasks = list(poller._tasks)
+        await fetched.wait()
+        started = time.monotonic()
+        with contextlib.suppress(TimeoutError):  # (the old `stop` also ate this cancel)
+            await asyncio.wait_for(poller.stop(), 5)
+        return time.monotonic() - started, tasks
+
+    stopping_s, tasks = asyncio.run(scenario())
+    assert all(task.done() for task in tasks)
+    assert stopping_s < 5, f"stop took {stopping_s:.1f} s"
 
 
 def test_samples_arrive_stale_on_failure_and_recover(server: MetricsServer) -> None:
@@ -801,7 +833,8 @@ def test_live_vllm_dp_server_maps_every_rank_to_its_worker(tmp_path: Path) -> No
             return poller, partial
 
         # a bound on the whole: a fresh-clone CI run once sat in this scenario for 10+
-        # minutes with the poller still scraping (cause not found); fail, never hang CI
+        # minutes with the poller still scraping (a stop in the tick a fetch finished:
+        # `test_stopping_in_the_tick_a_fetch_finished_stops_the_poller`); fail, never hang
         poller, partial = asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT_S))
         text = server.metrics()
     assert poller.failures == {"w-left": 0, "w-right": 0}

@@ -5,7 +5,9 @@ not once per retry, and not for a moment's refusal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 
 import httpx
 from fastapi import FastAPI, Request
@@ -110,3 +112,32 @@ def test_a_moment_of_refusal_is_not_logged(caplog):
     assert sent == 1
     assert received.count(b'"seq"') == 1
     assert caplog.records == []
+
+
+def test_closing_right_after_a_wake_stops_the_sender():
+    """Python 3.11's `asyncio.wait_for` returns the result, and drops the cancellation,
+    when its awaited task finished in the same tick as the cancel. Closed right after a
+    full batch woke the sender, the sender then looped on and `aclose` waited forever
+    (the tap's and the world's shutdown with it). The wake and the close are arranged in
+    exactly that order; the service is down, so the events stay kept."""
+
+    async def scenario() -> HttpEventSink:
+        sink = HttpEventSink(
+            f"http://127.0.0.1:{free_port()}", source="router", max_batch=1,
+            flush_interval_s=60.0,
+        )  # fmt: skip
+        await sink.start()
+        await asyncio.sleep(0)  # the sender is waiting on its wake-up
+        sink.put({"type": "ready", "ts": 1.0, "request_id": "r"})  # a full batch wakes it
+        await asyncio.sleep(0)  # the awaited wait finished; the sender not yet resumed
+        started = time.monotonic()
+        with contextlib.suppress(TimeoutError):  # (the old `aclose` ate this cancel too)
+            await asyncio.wait_for(sink.aclose(), 5)
+        closing_s = time.monotonic() - started
+        assert sink._task is not None
+        assert sink._task.done(), f"the sender still runs {closing_s:.1f} s after aclose"
+        assert closing_s < 5
+        return sink
+
+    sink = asyncio.run(scenario())
+    assert sink.sent == 0 and len(sink._buffer) == 1

@@ -9,7 +9,6 @@ says when that sample is too old to trust (`stale`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -239,6 +238,7 @@ class MetricsPoller:
         self.page_errors: dict[str, list[str]] = {url: [] for url in self.pages}
         self._logged: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._started_at: float | None = None
 
     @property
@@ -268,6 +268,7 @@ class MetricsPoller:
             )
             self._owns_client = True
         self._started_at = time.time()
+        self._stopping = False
         self._tasks = [
             asyncio.create_task(self._run(url), name=f"metrics-poller:{url}") for url in self.pages
         ]
@@ -275,11 +276,13 @@ class MetricsPoller:
     async def stop(self) -> None:
         """Cancel the polling tasks and close the client if the poller made it."""
         tasks, self._tasks = self._tasks, []
+        self._stopping = True
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:
+            # `wait`, not `await task` under suppress(CancelledError): that also ate a
+            # cancellation of this `stop` itself
+            await asyncio.wait(tasks)
         if self._owns_client and self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -300,8 +303,13 @@ class MetricsPoller:
     async def _run(self, url: str) -> None:
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
-        while True:
+        # Not `while True` ended by a cancel alone: Python 3.11's `wait_for` (in
+        # `_scrape`) drops a cancellation that lands in the tick the fetch finished, and
+        # the poller went on scraping with `stop` waiting on it for ever.
+        while not self._stopping:
             await self._scrape(url)
+            if self._stopping:
+                return
             next_tick += self.interval_s
             now = loop.time()
             if next_tick < now:  # a slow scrape: skip the missed ticks, keep the cadence

@@ -52,6 +52,7 @@ class HttpEventSink:
         self._buffer: deque[bytes] = deque()
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._wake = asyncio.Event()
         self.sent = 0
         self.dropped = 0
@@ -76,10 +77,14 @@ class HttpEventSink:
     async def start(self) -> None:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=10.0)
+        self._closing = False
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        while True:
+        # Not `while True` ended by a cancel alone: Python 3.11's `wait_for` drops a
+        # cancellation that lands in the tick its awaited task finished (a wake-up just
+        # set), and the loop went on for ever with `aclose` waiting on it.
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
             self._wake.clear()
@@ -134,10 +139,12 @@ class HttpEventSink:
                     len(self._buffer))  # fmt: skip
 
     async def aclose(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # `wait`, not `await task` under suppress(CancelledError): that also ate a
+            # cancellation of this `aclose` itself
+            await asyncio.wait({self._task})
         await self.flush()
         if self._own_client and self._client is not None:
             await self._client.aclose()
