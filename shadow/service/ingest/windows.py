@@ -17,39 +17,15 @@ import numpy as np
 
 from shadow.analysis.stepmodel import fit_step_model
 from shadow.replay.workload import StepModel
-from shadow.service.footprint import return_free_heap
 from shadow.service.ingest.apply import FleetState
 from shadow.service.store import ServiceStore
-from shadow.stream.continuous import ContinuousCounterfactuals
-from shadow.stream.windows import WindowResult, WindowSpec, evaluate_window
+from shadow.service.window_runs import evaluate_continuous, evaluate_in_worker
+from shadow.stream.windows import WindowResult, evaluate_window
 
 if TYPE_CHECKING:
     from shadow.service.ingest.pipeline import PipelineConfig
 
 log = logging.getLogger("shadow.service.ingest.pipeline")
-
-#: the continuous runs of each (scheduler, fleet), in the process that evaluates windows
-#: (the window worker process, or the service's own when windows are evaluated inline)
-_CONTINUOUS: dict[tuple[str, str], ContinuousCounterfactuals] = {}
-
-
-def evaluate_continuous(owner: str, spec: WindowSpec) -> WindowResult:
-    """Window `spec` from its fleet's continuous runs (started on the first one)."""
-    key = (owner, spec.fleet)
-    runs = _CONTINUOUS.get(key)
-    if runs is None:
-        runs = _CONTINUOUS[key] = ContinuousCounterfactuals(spec.fleet)
-    return runs.evaluate(spec)
-
-
-def evaluate_in_worker(evaluate: Callable[..., WindowResult], *args: object) -> WindowResult:
-    """`evaluate(*args)` in the window worker process, then its free heap handed back: an
-    evaluation's arrays are short-lived and large (a continuous run's first window peaks
-    at hundreds of MiB), and glibc would keep what they held resident for good."""
-    try:
-        return evaluate(*args)
-    finally:
-        return_free_heap()
 
 
 class WindowScheduler:
