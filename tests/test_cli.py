@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import duckdb
 import pytest
@@ -329,3 +331,31 @@ def test_bench_fleet_growth_by_process_does_not_count_a_late_start() -> None:
     assert by_process["server"] == pytest.approx(1.0)
     assert by_process["worker-1"] == pytest.approx(0.0, abs=1e-9)
     assert summary["growth_mib_per_min_after_1_min"] > 20  # the start, read as growth
+
+
+#: what pip's `shadow` console script does, then one spawned worker asked what it loaded
+CONSOLE_SCRIPT = """
+import sys
+from shadow.cli import main
+if __name__ == "__main__":
+    sys.argv = ["shadow", "version"]
+    try:
+        main()
+    except SystemExit:
+        pass
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.apply(eval, ("'shadow.cli' in __import__('sys').modules",)))
+"""
+
+
+def test_workers_spawned_under_the_console_script_do_not_rerun_it(tmp_path):
+    """A spawned worker re-runs a main script by its path; the `shadow` script imports
+    the whole command line, 26 MiB in every audit and window worker for nothing."""
+    script = tmp_path / "shadow"
+    script.write_text(CONSOLE_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+    )
+    *_, worker_loaded_cli = done.stdout.split()
+    assert worker_loaded_cli == "False", done.stdout + done.stderr

@@ -6,6 +6,7 @@ The commands (`replay`, `sweep`, `serve`, `ingest`, `gate`) and the groups (`ben
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import typer
@@ -44,7 +45,19 @@ app.add_typer(dashboards.dashboards_app, name="dashboards")
 
 def main() -> None:
     """The `shadow` command."""
+    _spawn_without_rerunning_the_script()
     app(args=ray_address_argv(sys.argv[1:]), prog_name="shadow")
+
+
+def _spawn_without_rerunning_the_script() -> None:
+    """Run from the `shadow` console script, tell multiprocessing that this is `python -m
+    shadow.cli` (which is what the script does). A spawned worker (the audit, the
+    windows) re-runs a main script by its path, and the script imports the whole command
+    line: 26 MiB resident and ~0.3 s of start in every worker (measured on `shadow
+    serve`'s audit worker, 80.5 against 54.7 MiB). A package's `__main__` it skips."""
+    script = sys.modules.get("__main__")
+    if script is not None and script.__spec__ is None and getattr(script, "main", None) is main:
+        script.__spec__ = importlib.util.find_spec("shadow.cli.__main__")
 
 
 __all__ = ["app", "main", "ray_address_argv"]
