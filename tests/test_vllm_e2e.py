@@ -17,6 +17,7 @@ Needs vLLM: `SHADOW_VLLM_PYTHON` (default: this interpreter if it imports vllm);
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import threading
 import time
@@ -138,6 +139,33 @@ class Recorder:
             await answer.aclose()
             if rid:
                 self.bodies[rid] = bytes(kept)
+
+
+class GcPauses:
+    """This process's garbage collections while the load runs. A full collection stops
+    every thread here, the loop of the router and the recorders included, and late in a
+    whole-suite run (one pytest process) it walks all that the earlier tests left: a
+    stall of this process, not of the host, which the router's connect timer and the
+    service calls' timings would show alike."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+            self._started = None
+
+    def summary(self) -> str:
+        if not self.pauses:
+            return "no collections"
+        generation, worst = max(self.pauses, key=lambda p: p[1])
+        full = sum(1 for g, _ in self.pauses if g == 2)
+        return (f"{len(self.pauses)} collections ({full} full), the longest "
+                f"{worst * 1000:.1f} ms (generation {generation})")  # fmt: skip
 
 
 async def serve(app) -> tuple[QuietServer, str]:
@@ -390,6 +418,7 @@ def run(tmp_path_factory):
     config.write_text("\n".join(lines) + "\n")
     service = ServerProcess(tmp / "shadow.duckdb", config, port=port).start()
     recorders: list[Recorder] = []
+    pauses, gc_note = GcPauses(), "not reached"
     try:
         upstreams = {}
         for server in world.servers:
@@ -398,8 +427,23 @@ def run(tmp_path_factory):
             upstreams[server.url] = loop.run(serve(recorder))[1]
         world.start(upstreams=upstreams)
         addresses = loop.run(world.serve_router())
+        # What the earlier tests of a whole-suite run left is collected once here and
+        # frozen, so no collection during the load walks it again (`GcPauses`).
+        held = len(gc.get_objects())
+        started = time.perf_counter()
+        gc.collect()
+        gc_note = (f"before the load: a full collection of {held:,} objects took "
+                   f"{(time.perf_counter() - started) * 1000:.1f} ms, then frozen")  # fmt: skip
+        gc.freeze()
+        gc.callbacks.append(pauses)
         yield drive(world, service, recorders, addresses.router)
     finally:
+        if pauses in gc.callbacks:
+            gc.callbacks.remove(pauses)
+            gc.unfreeze()
+            gc_note += f"; during it: {pauses.summary()}"
+        print(f"--- this process's garbage collector: {gc_note}")
+        (tmp / "gc.txt").write_text(gc_note + "\n")
         for server in world.servers:
             print(f"--- {server.log_path.name} (tail)\n{server.log_tail(1500)}")
         world.stop_processes()
