@@ -303,11 +303,11 @@ class MetricsPoller:
     async def _run(self, url: str) -> None:
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
-        # Not `while True` ended by a cancel alone: Python 3.11's `wait_for` (in
-        # `_scrape`) drops a cancellation that lands in the tick the fetch finished, and
-        # the poller went on scraping with `stop` waiting on it for ever.
-        while not self._stopping:
+        while True:
             await self._scrape(url)
+            # not ended by a cancel alone: Python 3.11's `wait_for` (in `_scrape`) drops
+            # a cancellation that lands in the tick the fetch finished, and the poller
+            # went on scraping with `stop` waiting on it for ever
             if self._stopping:
                 return
             next_tick += self.interval_s
