@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -305,3 +307,27 @@ def test_decision_snapshots_once_per_dispatch_migrate_both_ways(tmp_path: Path) 
     with duckdb.connect(str(path)) as con:
         stored = con.execute("SELECT policy, snapshot FROM decisions ORDER BY policy").fetchall()
     assert stored == [("br0", '{"loads": [1, 2]}'), ("jsq-pool", '{"loads": [1, 2]}')]
+
+
+_PROGRESS_BAR_SETTINGS = """
+import sys
+from sqlalchemy import text
+from shadow.storage.database import open_database
+setting = text("SELECT current_setting('enable_progress_bar')")
+with open_database(sys.argv[1]) as db, db.engine.connect() as first:
+    with db.engine.connect() as second:
+        assert first.connection.dbapi_connection is not second.connection.dbapi_connection
+        print(first.execute(setting).scalar(), second.execute(setting).scalar())
+"""
+
+
+def test_no_progress_bar_on_any_connection(tmp_path: Path) -> None:
+    """DuckDB draws its bar on stdout for any query past 2 s, on every connection unless
+    that connection is told not to: the service's and CI's logs filled with it (seen in
+    `bench fleet`). In a child process, since DuckDB turns the bar off by itself under
+    pytest; two connections at once, so the pool opens a second one."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROGRESS_BAR_SETTINGS, str(tmp_path / "r.duckdb")],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == ["False", "False"]

@@ -23,7 +23,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Connection, Engine, create_engine, insert, select
+from sqlalchemy import URL, Connection, Engine, create_engine, event, insert, select
 
 import shadow
 
@@ -75,6 +75,13 @@ def head_revision() -> str:
     return head
 
 
+def _without_progress_bar(dbapi_connection: Any, _record: Any) -> None:
+    """DuckDB draws a progress bar on stdout for any query past 2 s, on every connection
+    (the setting is per connection): in a service's log or a CI log it is noise between
+    the lines people read."""
+    dbapi_connection.execute("SET enable_progress_bar = false")
+
+
 def open_database(path: str | Path) -> Database:
     """Open (creating if needed) the DuckDB file at ``path`` and upgrade it to head.
 
@@ -86,6 +93,7 @@ def open_database(path: str | Path) -> Database:
     # URL.create, not an f-string: a URL string would percent-decode '%41' or '#' in paths.
     url = URL.create("duckdb", database=str(resolved))
     engine = create_engine(url)
+    event.listen(engine, "connect", _without_progress_bar)
     try:
         cfg = _alembic_config(url.render_as_string(hide_password=False))
         # Share one connection (and thus one DuckDB instance / file lock) with Alembic;
