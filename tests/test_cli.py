@@ -271,6 +271,12 @@ def test_bench_fleet_reports_rates_audit_and_storage(tmp_path):
     assert report["audit"]["audited"] == report["by_kind"]["dispatch"]
     assert report["file"]["events"] == report["events"]
     assert report["file"]["ratio"] > 0
+    # what the service holds at the end: every request it saw, live or remembered as
+    # finished (18 s of fleet time, well inside finished_ttl_s)
+    held = report["file"]["held_requests_end"]
+    assert held["live"] + held["finished"] == report["by_kind"]["ready"], held
+    assert held["finished"] == report["by_kind"].get("finish", 0), held
+    assert "requests held at the end" in result.output
     assert report["gib_per_day"] > 0
     assert "GiB per day" in result.output and "required real-time rate" in result.output
 

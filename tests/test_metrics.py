@@ -50,7 +50,7 @@ def test_metrics_after_recorded_traffic(tmp_path):
         "shadow_fallback_trips", "shadow_route_decision_seconds_count",
         "shadow_mirror_state_mismatches_total", "shadow_predictor_calibration_auc",
         "shadow_audit_backlog_batches", "shadow_audit_lag_seconds",
-        "shadow_audit_skipped_total", "shadow_audit_sample_stride",
+        "shadow_audit_skipped_total", "shadow_audit_sample_stride", "shadow_held_requests",
     ):  # fmt: skip
         assert name in names, name
     assert found[("shadow_audit_lag_seconds", ())] == 0.0  # flushed: the audit caught up
@@ -68,6 +68,12 @@ def test_metrics_after_recorded_traffic(tmp_path):
         )
     ]
     assert dispatches == 400
+    # every request finished, and is remembered (finished_ttl_s) rather than live; the
+    # window tracker holds at most them all (it lets go once their windows are evaluated)
+    held = {dict(labels)["holder"]: value for (name, labels), value in found.items()
+            if name == "shadow_held_requests"}  # fmt: skip
+    assert held["live"] == 0 and held["finished"] == 400, held
+    assert 0 <= held["windows"] <= 400, held
     assert found[("shadow_mode", (("fleet", "default"), ("mode", "live")))] == 1.0
     assert found[("shadow_mirror_state_mismatches_total", (("fleet", "default"),))] == 0
     jsq_agreement = found[("shadow_decision_agreement_ratio",

@@ -251,6 +251,9 @@ class Sample:
     #: `memory_limit`), part of the server's resident memory: tells its buffer pool
     #: filling from Python objects growing (None: not read)
     duckdb_mib: float | None = None
+    #: requests the service holds state for, by holder (`live`, `finished`, `windows`:
+    #: the `shadow_held_requests` gauge): what its memory grows with
+    held: dict[str, int] = field(default_factory=dict)
 
     @property
     def counterfactual_lag_s(self) -> float | None:
@@ -320,6 +323,12 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
         series = [(s.wall_s, s.rss_mib[role]) for s in samples
                   if s.fleet_s >= 60 and role in s.rss_mib]  # fmt: skip
         by_process[role] = growth_mib_per_min(series) if len(series) >= 3 else None
+    held_growth: dict[str, float | None] = {}
+    for holder in dict.fromkeys(holder for s in samples for holder in s.held):
+        series = [(s.wall_s, float(s.held[holder])) for s in samples
+                  if s.fleet_s >= 60 and holder in s.held]  # fmt: skip
+        # the same slope as memory's, in requests a minute
+        held_growth[holder] = growth_mib_per_min(series) if len(series) >= 3 else None
     return {
         "events": events,
         "seconds": seconds,
@@ -331,6 +340,8 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
         "rss_mib_max": max(mib for _, mib in total) if total else None,
         "growth_mib_per_min_after_1_min": growth_mib_per_min(settled),
         "growth_mib_per_min_by_process": by_process,
+        "held_requests_end": samples[-1].held if samples else {},
+        "held_growth_per_min_after_1_min": held_growth,
         "samples": [asdict(s) | {"counterfactual_lag_s": s.counterfactual_lag_s} for s in samples],
     }
 
@@ -388,7 +399,7 @@ def ingest_file(
                 sample = Sample(fleet_s, time.perf_counter() - started, events,
                                 pipeline.audit_lag_s, 0.0,
                                 {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}, rss,
-                                windows, window_end)  # fmt: skip
+                                windows, window_end, held=_held_in(pipeline))  # fmt: skip
                 samples.append(sample)
                 note(_line("file", sample))
         pipeline.drain()
@@ -397,13 +408,34 @@ def ingest_file(
         used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
         windows, window_end = _stored_windows(runtime)
         samples.append(Sample(recording.fleet_seconds, seconds, events, 0.0, 0.0, used, rss,
-                              windows, window_end))  # fmt: skip
+                              windows, window_end, held=_held_in(pipeline)))  # fmt: skip
         note(_line("file (drained)", samples[-1]))
         skipped = sum(state.sampler.skipped for state in pipeline.fleets.values())
     finally:
         runtime.close()
     summary = _summary(samples, events, seconds, recording.required_events_per_s)
     return summary | {"audit_sampling": audit_sampling, "audit_skipped": skipped}
+
+
+def _held_in(pipeline: Any) -> dict[str, int]:
+    """The in-process service's held requests, as `shadow_held_requests` counts them."""
+    held: Counter[str] = Counter()
+    with pipeline.lock:
+        for state in pipeline.fleets.values():
+            held["live"] += len(state.mirror.requests.live)
+            held["finished"] += len(state.mirror.requests.finished)
+            held["windows"] += len(state.tracker.requests)
+    return dict(held)
+
+
+def _held_served(metrics: str) -> dict[str, int]:
+    """`shadow_held_requests` from a /metrics page, summed over fleets, by holder."""
+    held: Counter[str] = Counter()
+    for line in metrics.splitlines():
+        if line.startswith("shadow_held_requests{"):
+            holder = line.split('holder="', 1)[1].split('"', 1)[0]
+            held[holder] += int(float(line.rsplit(" ", 1)[1]))
+    return dict(held)
 
 
 def _stored_windows(runtime: Runtime) -> tuple[int, float | None]:
@@ -417,9 +449,11 @@ def _line(path: str, s: Sample) -> str:
     duck = "" if s.duckdb_mib is None else f" (DuckDB {s.duckdb_mib:,.0f} of the server's)"
     windows = "" if s.window_end_s is None else (
         f", {s.windows} windows (the latest ends {s.counterfactual_lag_s:.0f} s ago)")  # fmt: skip
+    held = "" if not s.held else "; holds " + ", ".join(
+        f"{count:,} {holder}" for holder, count in s.held.items())  # fmt: skip
     return (f"{path} {s.fleet_s:5.0f} s of fleet time at {s.wall_s:6.1f} s wall: "
             f"{s.events:,} events, audit {s.audit_lag_s:.2f} s behind, source "
-            f"{s.behind_s:.2f} s behind{windows}; RSS MiB {rss}{duck}")  # fmt: skip
+            f"{s.behind_s:.2f} s behind{windows}; RSS MiB {rss}{duck}{held}")  # fmt: skip
 
 
 # -- pass 3: over HTTP at the fleet's pace --------------------------------------------
@@ -547,7 +581,8 @@ def ingest_http(
                     events, behind = acked.events, max(acked.behind_s.values(), default=0.0)
                 duck = _metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
                 sample = Sample(next_sample, time.monotonic() - started, events, lag, behind,
-                                used, rss, windows, window_end, duck)  # fmt: skip
+                                used, rss, windows, window_end, duck,
+                                _held_served(metrics))  # fmt: skip
                 samples.append(sample)
                 note(_line("http", sample))
                 next_sample += SAMPLE_S
@@ -561,7 +596,8 @@ def ingest_http(
             behind = max(acked.behind_s.values(), default=0.0)
             duck = _metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
             samples.append(Sample(recording.fleet_seconds, sent_s, acked.events, end_lag,
-                                  behind, used, rss, windows, window_end, duck))  # fmt: skip
+                                  behind, used, rss, windows, window_end, duck,
+                                  _held_served(metrics)))  # fmt: skip
             note(_line("http (sent)", samples[-1]))
             client.post("/v1/flush").raise_for_status()
             seconds = time.monotonic() - started

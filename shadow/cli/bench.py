@@ -646,12 +646,20 @@ def bench_fleet(
             )
             console.print(f"{path}: memory growth after 1 min by process, MiB/min (each from "
                           f"60 s or its start): {growth or '-'}")  # fmt: skip
+            held = report[path]["held_requests_end"]
+            if held:
+                rates = report[path]["held_growth_per_min_after_1_min"]
+                console.print(f"{path}: requests held at the end (growth a minute after 1 min): "
+                              + ", ".join(f"{holder} {count:,} ("
+                                          + ("-" if rates.get(holder) is None
+                                             else f"{rates[holder]:+,.0f}") + ")"
+                                          for holder, count in held.items()))  # fmt: skip
     if report.get("file") and report["file"]["audit_sampling"]:
         console.print(f"file: audit sampling on, {report['file']['audit_skipped']:,} "
                       "dispatches skipped")  # fmt: skip
     lag = Table(title=f"Every {bench.SAMPLE_S:.0f} s of fleet time")
     for column in ("path", "fleet s", "wall s", "audit behind s", "source behind s",
-                   "windows", "cf behind s", "RSS MiB"):  # fmt: skip
+                   "windows", "cf behind s", "RSS MiB", "held k (live/fin/win)"):  # fmt: skip
         lag.add_column(column, justify="left" if column == "path" else "right")
     for path in ("file", "http"):
         for s in (report.get(path) or {}).get("samples", []):
@@ -659,7 +667,9 @@ def bench_fleet(
             lag.add_row(path, f"{s['fleet_s']:.0f}", f"{s['wall_s']:.1f}",
                         f"{s['audit_lag_s']:.2f}", f"{s['behind_s']:.2f}", f"{s['windows']}",
                         "-" if cf is None else f"{cf:.0f}",
-                        f"{sum(s['rss_mib'].values()):,.0f}")  # fmt: skip
+                        f"{sum(s['rss_mib'].values()):,.0f}",
+                        "/".join(f"{s['held'].get(h, 0) / 1000:.0f}"
+                                 for h in ("live", "finished", "windows")))  # fmt: skip
     console.print(lag)
     if "http" in report:
         h = report["http"]

@@ -127,6 +127,13 @@ class ServiceCollector(Collector):
         pool = GaugeMetricFamily(
             "shadow_pool_requests", "Requests waiting in the ready pool.", labels=["fleet"]
         )
+        held = GaugeMetricFamily(
+            "shadow_held_requests", "Requests the service holds state for, by what holds "
+            "them: `live` (running or waiting in the mirror), `finished` (remembered "
+            "`finished_ttl_s` for late events), `windows` (until every window they are in "
+            "is evaluated). Its memory grows with these, not with time.",
+            labels=["fleet", "holder"],
+        )  # fmt: skip
         imbalance = GaugeMetricFamily(
             "shadow_observed_imbalance_tokens", "max - min KV load in the mirror now.",
             labels=["fleet"],
@@ -175,6 +182,10 @@ class ServiceCollector(Collector):
                     kv.add_metric([name, worker.worker_id], worker.load)
                     active.add_metric([name, worker.worker_id], len(worker.active))
                 pool.add_metric([name], len(state.mirror.pool))
+                requests = state.mirror.requests
+                held.add_metric([name, "live"], len(requests.live))
+                held.add_metric([name, "finished"], len(requests.finished))
+                held.add_metric([name, "windows"], len(state.tracker.requests))
                 if loads:
                     imbalance.add_metric([name], max(loads) - min(loads))
                     gap.add_metric([name], len(loads) * max(loads) - sum(loads))
@@ -185,7 +196,7 @@ class ServiceCollector(Collector):
                 unjoined.add_metric([name], join.unjoined)
                 for reason, count in sorted(join.reasons.items()):
                     reasons.add_metric([name, reason], count)
-        yield from (kv, active, pool, imbalance, gap, mismatch)
+        yield from (kv, active, pool, held, imbalance, gap, mismatch)
         yield from (estimates, corrections, unjoined, reasons, late)
         yield from self._windows(runtime)
         yield self._predictor(runtime)
