@@ -27,7 +27,8 @@ from shadow.service.ingest.step_samples import StepSamples
 from shadow.stream.mirror import FleetMirror
 from shadow.stream.trajectory import bucket
 from shadow.stream.window_metrics import SealedSteps, observed_window, span_metrics, tpot_inside
-from shadow.stream.windows import WindowConfig, WindowTracker, _Request
+from shadow.stream.window_state import TrackedRequest
+from shadow.stream.windows import WindowConfig, WindowTracker
 from shadow.workloads.synthetic import generate
 from shadow.workloads.traces import retime
 
@@ -258,7 +259,9 @@ def _random_window(seed: int, workers: int, lockstep: bool, jitter_s: float):
         ready = float(rng.uniform(t_start - 5, t_end))
         dispatch = ready + float(rng.uniform(0, 2)) if rng.random() < 0.85 else None
         finish = dispatch + float(rng.uniform(0, 8)) if dispatch and rng.random() < 0.6 else None
-        requests[rid] = _Request(100, i, ready_ts=ready, dispatch_ts=dispatch, finish_ts=finish)
+        requests[rid] = TrackedRequest(
+            100, i, ready_ts=ready, dispatch_ts=dispatch, finish_ts=finish
+        )
         ids.append(rid)
         if ready >= t_start or rng.random() < 0.3:
             queued.append(rid)

@@ -10,7 +10,8 @@ import numpy as np
 
 from shadow.stream.mirror import FleetMirror
 from shadow.stream.window_metrics import SealedSteps, observed_window
-from shadow.stream.windows import WindowConfig, WindowTracker, _Request
+from shadow.stream.window_state import TrackedRequest
+from shadow.stream.windows import WindowConfig, WindowTracker
 
 WORKERS = 3
 
@@ -33,9 +34,9 @@ def test_sealed_steps_measure_the_window_exactly_as_the_dict():
     t_start, t_end = 10.0, 20.0
     steps = _steps(seed=5, n=200, t_start=t_start)
     requests = {
-        "a": _Request(100, 1, ready_ts=9.0, dispatch_ts=10.5, finish_ts=15.0, output=90),
-        "b": _Request(200, 2, ready_ts=11.0, dispatch_ts=12.25, finish_ts=None),
-        "c": _Request(300, 3, ready_ts=12.0),  # never dispatched
+        "a": TrackedRequest(100, 1, ready_ts=9.0, dispatch_ts=10.5, finish_ts=15.0, output=90),
+        "b": TrackedRequest(200, 2, ready_ts=11.0, dispatch_ts=12.25, finish_ts=None),
+        "c": TrackedRequest(300, 3, ready_ts=12.0),  # never dispatched
     }
     args = (t_start, t_end, WORKERS, ["a", "b", "c"], ["b", "c"], requests)
     sealed = SealedSteps.of(steps, t_start)

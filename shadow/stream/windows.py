@@ -62,6 +62,7 @@ from shadow.stream.window_metrics import (  # WINDOW_METRICS: re-exported, as be
     span_metrics,
     tpot_inside,
 )
+from shadow.stream.window_state import RunningAtStart, TrackedRequest, TrackedWindow
 
 OBSERVED = "observed"
 #: the incumbent replayed against itself with other tie-breaks (the A/A noise floor)
@@ -84,64 +85,6 @@ class WindowConfig:
     #: continuous runs keep the step model they started with; a refit that would predict
     #: a step they took this much (relative) differently starts them again (GATE.md)
     step_model_restart: float = field(default=0.01, metadata={"gt": 0})
-
-
-@dataclass(slots=True)
-class _Request:
-    """A request the tracker holds until every window it is in is evaluated (~100,000
-    at a time at G = 256: slots, not a dict each)."""
-
-    prompt: int
-    key: int
-    ready_ts: float | None = None
-    dispatch_ts: float | None = None
-    finish_ts: float | None = None
-    output: int | None = None
-    progress: int = 0
-    #: the windows that hold it, once per time it is held: it is forgotten when none does,
-    #: and its finish tells each of them one request fewer is unfinished
-    windows: list[int] = field(default_factory=list)
-
-
-@dataclass
-class _Window:
-    index: int
-    t_start: float
-    workers: tuple[str, ...]
-    batch: int
-    initial: list[tuple[str, int, int]]  # request, worker index, generated at start
-    pool: list[str]
-    arrivals: list[str] = field(default_factory=list)
-    t_end: float | None = None
-    #: slots per worker at the start (0: draining)
-    capacity: tuple[int, ...] = ()
-    #: (worker index, its own step number) -> (start s, duration ms, kv tokens, running)
-    steps: dict[tuple[int, int], tuple[float, float, int, int]] = field(default_factory=dict)
-    #: `steps` as columns once none can come (two windows later), `steps` then emptied
-    sealed: SealedSteps | None = None
-    history: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    history_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    #: dispatches that landed exactly on a step boundary, and those in the middle of a step
-    on_boundary: int = 0
-    mid_step: int = 0
-    #: closed at the end of a recorded log: the evidence's last window
-    final: bool = False
-    #: its requests (counted once per time it holds one) with no finish yet: `due` asks
-    #: this on every batch, where rescanning every request of every waiting window cost
-    #: the ingest path more than applying the events
-    unfinished: int = 0
-
-    def request_ids(self) -> list[str]:
-        return [rid for rid, _, _ in self.initial] + self.pool + self.arrivals
-
-    def holds_requests(self) -> bool:
-        return bool(self.initial or self.pool or self.arrivals)
-
-    def blank(self) -> bool:
-        """No request, no step and no dispatch in it yet."""
-        return not (self.initial or self.pool or self.arrivals or self.steps) and not (
-            self.on_boundary or self.mid_step
-        )
 
 
 @dataclass(frozen=True)
@@ -332,9 +275,9 @@ class WindowTracker:
         self.fleet = fleet
         self.mirror = mirror
         self.config = config or WindowConfig()
-        self.windows: dict[int, _Window] = {}
-        self.current: _Window | None = None
-        self.requests: dict[str, _Request] = {}
+        self.windows: dict[int, TrackedWindow] = {}
+        self.current: TrackedWindow | None = None
+        self.requests: dict[str, TrackedRequest] = {}
         self._next_boundary: float | None = None
         self._pending_cut: float | None = None
         self._has_steps = False
@@ -407,12 +350,12 @@ class WindowTracker:
             held.append(info)
         capacity = tuple(max(0, w.capacity) if w.accepting else 0 for w in fleet)
         recent = self._history[-self.config.history_limit :]
-        window = _Window(
+        window = TrackedWindow(
             self._count,
             t_start,
             tuple(w.worker_id for w in fleet),
             max(capacity, default=0),
-            initial,
+            RunningAtStart.of(initial),
             pool,
             capacity=capacity,
             history=np.array([length for length, _ in recent], dtype=np.int64),
@@ -435,23 +378,23 @@ class WindowTracker:
             window.sealed = SealedSteps.of(window.steps, window.t_start)
             window.steps = {}
 
-    def _reopen(self, window: _Window) -> None:
+    def _reopen(self, window: TrackedWindow) -> None:
         """Take the start state of a window that holds nothing yet again, from now."""
         del self.windows[window.index]
         self.current = None
         self._count = window.index
         self._open(window.t_start)
 
-    def _track(self, request_id: str, prompt: int, key: int) -> _Request:
+    def _track(self, request_id: str, prompt: int, key: int) -> TrackedRequest:
         """The tracked request `request_id` (new if none), about to be held by a window."""
         info = self.requests.get(request_id)
         if info is None:
-            info = _Request(prompt, key)
+            info = TrackedRequest(prompt, key)
             self.requests[request_id] = info
         return info
 
     @staticmethod
-    def _hold(window: _Window, info: _Request) -> None:
+    def _hold(window: TrackedWindow, info: TrackedRequest) -> None:
         info.windows.append(window.index)
         if info.output is None:
             window.unfinished += 1
@@ -542,7 +485,7 @@ class WindowTracker:
             imputer.observe_many(window.history)
         imputed = 0
 
-        def final_length(info: _Request, generated: int) -> int:
+        def final_length(info: TrackedRequest, generated: int) -> int:
             nonlocal imputed
             if info.output is not None:
                 return max(info.output, generated + 1)
@@ -610,7 +553,7 @@ class WindowTracker:
         """Forget a window without evaluating it (already stored before a restart)."""
         self._release_refs(self.windows.pop(index))
 
-    def _release_refs(self, window: _Window) -> None:
+    def _release_refs(self, window: TrackedWindow) -> None:
         for rid in window.request_ids():
             info = self.requests.get(rid)
             if info is not None:
@@ -618,7 +561,7 @@ class WindowTracker:
                 if not info.windows:
                     del self.requests[rid]
 
-    def _observed(self, window: _Window) -> tuple[dict[str, float], Trajectory]:
+    def _observed(self, window: TrackedWindow) -> tuple[dict[str, float], Trajectory]:
         assert window.t_end is not None
         steps = window.sealed if window.sealed is not None else window.steps
         return observed_window(
