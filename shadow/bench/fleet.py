@@ -303,6 +303,19 @@ def _footprint(pid: int) -> tuple[dict[str, float], dict[str, float]]:
     return cpu, rss
 
 
+def _slopes_after_1_min(
+    samples: list[Sample], series_of: Callable[[Sample], dict[str, float] | dict[str, int]]
+) -> dict[str, float | None]:
+    """Per key of `series_of` (a process's MiB, a holder's requests): its least-squares
+    slope a minute over the samples from 60 s of fleet time on (None: under 3 of them)."""
+    slopes: dict[str, float | None] = {}
+    for key in dict.fromkeys(key for s in samples for key in series_of(s)):
+        series = [(s.wall_s, float(series_of(s)[key])) for s in samples
+                  if s.fleet_s >= 60 and key in series_of(s)]  # fmt: skip
+        slopes[key] = growth_mib_per_min(series) if len(series) >= 3 else None
+    return slopes
+
+
 def _summary(samples: list[Sample], events: int, seconds: float, required: float) -> dict:
     """Rates, lag, CPU per event per process and memory growth of one pass."""
     sustained = events / seconds if seconds > 0 else 0.0
@@ -318,17 +331,8 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
     settled = [(t, mib) for (t, mib), s in zip(total, samples, strict=True) if s.fleet_s >= 60]
     # per process, from 60 s or from its first sample (the window worker starts with the
     # first due window, ~2 minutes in): the total's slope counts that start as growth
-    by_process: dict[str, float | None] = {}
-    for role in dict.fromkeys(role for s in samples for role in s.rss_mib):
-        series = [(s.wall_s, s.rss_mib[role]) for s in samples
-                  if s.fleet_s >= 60 and role in s.rss_mib]  # fmt: skip
-        by_process[role] = growth_mib_per_min(series) if len(series) >= 3 else None
-    held_growth: dict[str, float | None] = {}
-    for holder in dict.fromkeys(holder for s in samples for holder in s.held):
-        series = [(s.wall_s, float(s.held[holder])) for s in samples
-                  if s.fleet_s >= 60 and holder in s.held]  # fmt: skip
-        # the same slope as memory's, in requests a minute
-        held_growth[holder] = growth_mib_per_min(series) if len(series) >= 3 else None
+    by_process = _slopes_after_1_min(samples, lambda s: s.rss_mib)
+    held_growth = _slopes_after_1_min(samples, lambda s: s.held)  # requests a minute
     return {
         "events": events,
         "seconds": seconds,
@@ -422,9 +426,7 @@ def _held_in(pipeline: Any) -> dict[str, int]:
     held: Counter[str] = Counter()
     with pipeline.lock:
         for state in pipeline.fleets.values():
-            held["live"] += len(state.mirror.requests.live)
-            held["finished"] += len(state.mirror.requests.finished)
-            held["windows"] += len(state.tracker.requests)
+            held.update(state.held_requests())
     return dict(held)
 
 

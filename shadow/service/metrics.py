@@ -182,10 +182,8 @@ class ServiceCollector(Collector):
                     kv.add_metric([name, worker.worker_id], worker.load)
                     active.add_metric([name, worker.worker_id], len(worker.active))
                 pool.add_metric([name], len(state.mirror.pool))
-                requests = state.mirror.requests
-                held.add_metric([name, "live"], len(requests.live))
-                held.add_metric([name, "finished"], len(requests.finished))
-                held.add_metric([name, "windows"], len(state.tracker.requests))
+                for holder, count in state.held_requests().items():
+                    held.add_metric([name, holder], count)
                 if loads:
                     imbalance.add_metric([name], max(loads) - min(loads))
                     gap.add_metric([name], len(loads) * max(loads) - sum(loads))

@@ -41,14 +41,6 @@ class RunningAtStart:
     worker: np.ndarray  # int32: the worker's index in the window's fleet
     generated: np.ndarray  # int64: tokens it had generated at the start
 
-    @classmethod
-    def of(cls, rows: list[tuple[str, int, int]]) -> RunningAtStart:
-        if not rows:
-            return cls([], np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int64))
-        ids, worker, generated = zip(*rows, strict=True)
-        return cls(list(ids), np.array(worker, dtype=np.int32),
-                   np.array(generated, dtype=np.int64))  # fmt: skip
-
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -62,7 +54,7 @@ class TrackedWindow:
     t_start: float
     workers: tuple[str, ...]
     batch: int
-    initial: RunningAtStart  # request, worker index, generated at start
+    initial: RunningAtStart
     pool: list[str]
     arrivals: list[str] = field(default_factory=list)
     t_end: float | None = None

@@ -335,11 +335,15 @@ class WindowTracker:
         # The window's fleet: every worker but those down; a draining one takes nothing new.
         fleet = [w for w in mirror.order if w.state != "down"]
         position = {w.index: g for g, w in enumerate(fleet)}
-        initial = []
+        ids: list[str] = []
+        on_worker: list[int] = []
+        generated: list[int] = []
         held = []
         for worker in fleet:
             for request in worker.active.values():
-                initial.append((request.request_id, position[worker.index], request.generated()))
+                ids.append(request.request_id)
+                on_worker.append(position[worker.index])
+                generated.append(request.generated())
                 held.append(self._track(request.request_id, request.prompt_tokens,
                                         request.prompt_key))  # fmt: skip
         pool = list(mirror.pool)
@@ -350,12 +354,14 @@ class WindowTracker:
             held.append(info)
         capacity = tuple(max(0, w.capacity) if w.accepting else 0 for w in fleet)
         recent = self._history[-self.config.history_limit :]
+        running = RunningAtStart(ids, np.array(on_worker, dtype=np.int32),
+                                 np.array(generated, dtype=np.int64))  # fmt: skip
         window = TrackedWindow(
             self._count,
             t_start,
             tuple(w.worker_id for w in fleet),
             max(capacity, default=0),
-            RunningAtStart.of(initial),
+            running,
             pool,
             capacity=capacity,
             history=np.array([length for length, _ in recent], dtype=np.int64),

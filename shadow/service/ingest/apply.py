@@ -76,6 +76,13 @@ class FleetState:
         #: which dispatches are audited (all, unless `audit_sampling` and the audit lags)
         self.sampler = AuditSampler()
 
+    def held_requests(self) -> dict[str, int]:
+        """Requests it holds state for, by holder (`shadow_held_requests`): `live` in the
+        mirror, `finished` remembered for late events, `windows` held by the tracker."""
+        requests = self.mirror.requests
+        return {"live": len(requests.live), "finished": len(requests.finished),
+                "windows": len(self.tracker.requests)}  # fmt: skip
+
 
 Handler = Callable[[FleetState, Any, int, list[StreamItem], bool], "list[Violation] | None"]
 
