@@ -15,6 +15,8 @@ from collections import deque
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shadow.events import EVENT_ORDER, parse_ndjson
 from shadow.policies import make_policy
@@ -120,6 +122,23 @@ def test_a_window_counts_its_unfinished_requests_once_per_hold():
     assert window.unfinished == 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 150)), max_size=80))
+def test_a_requests_held_windows_are_the_set_of_its_holds(operations):
+    """The hold mask against a set of window indexes: any order of holds and releases,
+    spans past 64 windows, holds below the first one."""
+    info, holding = TrackedRequest(100, 1), set()
+    for hold, index in operations:
+        if hold:
+            assert info.hold(index) == (index not in holding)
+            holding.add(index)
+        else:
+            holding.discard(index)
+            assert info.release(index) == bool(holding)
+        assert list(info.held_by()) == sorted(holding)
+        assert not holding or (info.first_window == min(holding) and info.held & 1)
+
+
 def test_arrivals_after_a_quiet_fleets_window_was_closed_and_evaluated_go_to_the_next():
     """A flush on an idle fleet closes its window (`close`), which is then evaluated; the
     next request's events open the next window, contiguous with it (they went into the
@@ -149,7 +168,7 @@ def test_arrivals_after_a_quiet_fleets_window_was_closed_and_evaluated_go_to_the
     window = tracker.current
     assert window is not None and window.index == 1
     assert window.t_start == first.t_end and window.arrivals == ["b"]
-    assert window.unfinished == 0 and tracker.requests["b"].windows == [1]
+    assert window.unfinished == 0 and list(tracker.requests["b"].held_by()) == [1]
     tracker.close(mirror.now)
     assert tracker.due(mirror.now) == [1]
     assert tracker.spec(1, StepModel()).arrivals.output_tokens.tolist() == [5]

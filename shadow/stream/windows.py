@@ -401,8 +401,7 @@ class WindowTracker:
 
     @staticmethod
     def _hold(window: TrackedWindow, info: TrackedRequest) -> None:
-        info.windows.append(window.index)
-        if info.output is None:
+        if info.hold(window.index) and info.output is None:
             window.unfinished += 1
 
     def on_ready(self, ts: float, request_id: str) -> None:
@@ -428,7 +427,7 @@ class WindowTracker:
         info = self.requests.get(request_id)
         if info is not None:
             if info.output is None:
-                for index in info.windows:
+                for index in info.held_by():
                     self.windows[index].unfinished -= 1
             info.finish_ts = ts
             info.output = output_tokens
@@ -562,10 +561,8 @@ class WindowTracker:
     def _release_refs(self, window: TrackedWindow) -> None:
         for rid in window.request_ids():
             info = self.requests.get(rid)
-            if info is not None:
-                info.windows.remove(window.index)
-                if not info.windows:
-                    del self.requests[rid]
+            if info is not None and not info.release(window.index):
+                del self.requests[rid]
 
     def _observed(self, window: TrackedWindow) -> tuple[dict[str, float], Trajectory]:
         assert window.t_end is not None
