@@ -30,3 +30,25 @@ def test_the_window_worker_runs_without_the_storage_stack() -> None:
     assert "shadow.stream.continuous" in loaded  # the entry point's module was loaded
     heavy = [m for m in loaded if m.startswith(STORAGE_STACK)]
     assert heavy == []
+
+
+def test_the_service_starts_its_workers_before_the_first_event(tmp_path) -> None:
+    """`Runtime.start_workers` (what `shadow serve` and `shadow ingest` call before their
+    first batch): both worker processes run, and the window worker has already imported
+    what its first window needs, so no batch waits for an interpreter to start."""
+    from shadow.service.runtime import Runtime
+    from shadow.service.settings import load_settings
+
+    runtime = Runtime(load_settings(None, db=tmp_path / "w.duckdb", windows=True))
+    try:
+        assert runtime.worker_pids() == {"audit": [], "windows": []}  # a pool starts lazily
+        took = runtime.start_workers()
+        assert set(took) == {"audit", "windows"}
+        pids = runtime.worker_pids()
+        assert all(len(found) == 1 for found in pids.values()), pids
+        loaded = runtime._workers["windows"].submit(eval, "sorted(__import__('sys').modules)")
+        assert "shadow.stream.continuous" in loaded.result(timeout=60)
+        runtime.start_workers()  # again: the same processes
+        assert runtime.worker_pids() == pids
+    finally:
+        runtime.close()

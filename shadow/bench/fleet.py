@@ -263,8 +263,8 @@ class Sample:
 
 def _processes(pid: int) -> dict[str, int]:
     """The ingesting process and its worker processes: `server`, `worker-N` in the order
-    they started (the audit worker starts with the service, the window worker at the
-    first due window: worker-0 and worker-1), and multiprocessing's `resource-tracker`.
+    they started (the service starts the audit worker, then the window worker:
+    worker-0 and worker-1), and multiprocessing's `resource-tracker`.
     Numbered by start time, a label names the same process in every sample."""
     found = {"server": pid}
     children = sorted((_started(p), p) for p in process_tree(pid) if p != pid)
@@ -329,8 +329,8 @@ def _summary(samples: list[Sample], events: int, seconds: float, required: float
                 cpu_per_event[role] = (used - start) / span * 1e6
     total = [(s.wall_s, sum(s.rss_mib.values())) for s in samples]
     settled = [(t, mib) for (t, mib), s in zip(total, samples, strict=True) if s.fleet_s >= 60]
-    # per process, from 60 s or from its first sample (the window worker starts with the
-    # first due window, ~2 minutes in): the total's slope counts that start as growth
+    # per process, from 60 s or from its first sample (a process that starts late counts
+    # its start as growth in the total's slope)
     by_process = _slopes_after_1_min(samples, lambda s: s.rss_mib)
     held_growth = _slopes_after_1_min(samples, lambda s: s.held)  # requests a minute
     return {
@@ -384,6 +384,7 @@ def ingest_file(
     config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog,
                              duckdb_memory_mb)  # fmt: skip
     runtime = Runtime(load_settings(config, db=db))
+    runtime.start_workers()  # as `shadow ingest` does before its first batch
     pipeline = runtime.pipeline
     samples: list[Sample] = []
     events = 0

@@ -70,6 +70,7 @@ def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) ->
     settings = load_settings(None, db=db, windows=counterfactuals)
     runtime = Runtime(settings)
     try:
+        runtime.start_workers()  # as `shadow ingest` and `shadow serve` do before the first batch
         started = time.perf_counter()
         for pairs, errors in iter_file(recording.log, batch_size=10_000):
             runtime.pipeline.submit(pairs, errors)

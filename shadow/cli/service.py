@@ -129,6 +129,11 @@ def ingest(
         runtime = Runtime(settings)
     except (DatabaseBusy, StorageError) as error:
         raise fail(escape(str(error))) from None
+    try:
+        runtime.start_workers()
+    except RuntimeError as error:
+        runtime.close()
+        raise fail(escape(str(error))) from None
     tune_interpreter()
     totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
     errors = []

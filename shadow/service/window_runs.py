@@ -8,6 +8,7 @@ the ORM models), ~0.5 s of its start and ~54 MiB resident it never used."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from shadow.service.footprint import return_free_heap
@@ -36,3 +37,9 @@ def evaluate_in_worker(evaluate: Callable[..., WindowResult], *args: object) -> 
         return evaluate(*args)
     finally:
         return_free_heap()
+
+
+def ready() -> int:
+    """The window worker's warm-up task (`Runtime.start_workers`): unpickled by this
+    module's name, it makes the worker import what its first window needs."""
+    return os.getpid()

@@ -89,6 +89,7 @@ def lifespan(state: AppState) -> Callable[[FastAPI], AbstractAsyncContextManager
     async def run(app: FastAPI) -> AsyncIterator[None]:
         settings = state.settings
         runtime = await run_in_threadpool(Runtime, settings)
+        await run_in_threadpool(runtime.start_workers)
         started = state.started = _start(state, runtime)
         app.state.runtime = runtime
         app.state.router = started.router
