@@ -527,6 +527,12 @@ class FleetMirror:
             worker = self.apply_worker(ts, worker_id, 0, "up")
         if step <= worker.last_step:
             return None
+        if not worker.starting:  # nearly every step: no request waits to start
+            view = StepView(len(worker.active), worker.load)  # before the count moves
+            worker.last_step = step
+            worker.steps += 1
+            self._bump(worker)
+            return view
         pending = [r for r in worker.starting if r.worker is worker]
         if running is not None:
             started = max(0, min(len(pending), running - (len(worker.active) - len(pending))))
