@@ -1003,6 +1003,45 @@ def test_events_in_the_reorder_window_at_a_crash_are_still_reordered(tmp_path) -
     assert mirror_after(restart=True) == mirror_after(restart=False)
 
 
+def test_an_event_applied_before_a_crash_keeps_its_place_after_a_held_one(tmp_path) -> None:
+    """The newest event seen can be one the store does not keep (a lower progress), so the
+    restart's window starts before the point the stop had applied to. Event `b` (5.9 s) came
+    after `a` (6.1 s) but within the window, and both were applied before the stop, `b`
+    first; only `a`'s id is within the checkpoint. The restart held `b` back and applied `a`
+    at once: the pool became `a, b` where the stream says `b, a` (found by the state
+    machine above)."""
+
+    def mirror_after(restart: bool) -> dict[str, Any]:
+        settings_ = load_settings(None, db=tmp_path / f"{restart}.duckdb", windows=False,
+                                  workers_processes=False)  # fmt: skip
+        runtime = Runtime(settings_)
+        runtime.pipeline.submit(_events(
+            {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
+            {"type": "ready", "ts": 0.5, "request_id": "r", "prompt_tokens": 10},
+            {"type": "dispatch", "ts": 0.6, "request_id": "r", "worker": "w0"},
+            {"type": "progress", "ts": 1.0, "request_id": "r", "generated": 9},
+            {"type": "ready", "ts": 6.1, "request_id": "a", "prompt_tokens": 10},
+        ))  # fmt: skip
+        runtime.pipeline.submit(_events(
+            {"type": "ready", "ts": 7.8, "request_id": "x", "prompt_tokens": 10},
+            {"type": "ready", "ts": 5.9, "request_id": "b", "prompt_tokens": 10},
+            {"type": "progress", "ts": 8.5, "request_id": "r", "generated": 3},  # not stored
+        ))  # fmt: skip
+        mirror = runtime.pipeline.fleets["default"].mirror
+        assert list(mirror.pool) == ["b", "a"]  # `x` (7.8 s) waits in the window
+        if restart:
+            runtime.store.close()  # a crash
+            runtime = Runtime(settings_)
+        runtime.pipeline.drain()
+        seen = picture(runtime.pipeline.fleets["default"].mirror)
+        runtime.close()
+        return seen
+
+    straight = mirror_after(restart=False)
+    assert straight["pool"] == ["b", "a", "x"]
+    assert mirror_after(restart=True) == straight
+
+
 def test_a_progress_resent_after_a_restart_is_a_duplicate(tmp_path) -> None:
     settings_ = load_settings(None, db=tmp_path / "x.duckdb", windows=False,
                               workers_processes=False)  # fmt: skip

@@ -149,6 +149,9 @@ class Pipeline:
         )  # fmt: skip
         #: per fleet, the (ts, class order) of the last event applied in order
         self._last_applied: dict[str, tuple[float, int]] = {}
+        #: events through this ingest id had their decisions and violations stored before
+        #: a restart: applied again from the reorder window, they derive nothing again
+        self._derived_through = 0
         self._next_id = 1
         self._seqs: dict[tuple[str, str], RecentInts] = {}
         self._steps_seen: dict[tuple[str, str], RecentInts] = {}
@@ -199,8 +202,21 @@ class Pipeline:
             # What was still in the reorder window when the service stopped (never applied)
             # goes back into it: a straggler that comes now must still sort before it.
             hold_after = (stored[-1][0] if stored else 0.0) - self.config.reorder_window_s
+            # Stored events come in apply order: from the first one held, every later one
+            # is held too, though applied before the stop (its id within `applied_through`)
+            # when a straggler came in time. Applying such a one now would put it before
+            # the held earlier one, where the stop found them the other way round.
+            first_held = next(
+                (
+                    position
+                    for position, (ts, _, ingest_id, _, _) in enumerate(stored)
+                    if ingest_id > applied_through and ts > hold_after
+                ),
+                len(stored),
+            )
+            self._derived_through = applied_through
             held: list[Entry] = []
-            for ts, _, ingest_id, kind, fields in stored:
+            for position, (ts, _, ingest_id, kind, fields) in enumerate(stored):
                 event = stored_event(kind, fields)
                 if kind == "engine_step":
                     self._steps_memory(event.fleet, event.worker).add(event.step)
@@ -211,7 +227,7 @@ class Pipeline:
                 self._admitted_workers.setdefault(event.fleet, set())
                 self._max_ts = max(self._max_ts, ts)
                 count += 1
-                if ingest_id > applied_through and ts > hold_after:
+                if position >= first_held:
                     held.append((ts, EVENT_ORDER[kind], ingest_id, event))
                     continue
                 derive = ingest_id > applied_through
@@ -531,7 +547,9 @@ class Pipeline:
                 state.late_by_source[(event.source, event.type)] += 1
             else:
                 last = (ts, order)
-            self._apply(event, ingest_id, violations, stream, derive=True)
+            self._apply(
+                event, ingest_id, violations, stream, derive=ingest_id > self._derived_through
+            )
             applied += 1
         if run_fleet is not None:
             last_applied[run_fleet] = last
