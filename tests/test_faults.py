@@ -187,3 +187,38 @@ def test_a_slow_audit_worker_holds_ingest_back_at_max_audit_backlog(tmp_path):
     assert audited == 12
     store.close()
     worker.shutdown()
+
+
+def test_the_audit_replica_skips_the_checks_and_keeps_the_same_state(pipeline):
+    """The audit follower's replica reports nothing (the ingest path's core does), yet
+    ends in the ingest mirror's state through every fault: its skipped checks only read
+    the mirror, and its ghost sweeps, which release requests, still run."""
+    from tests.test_mirror_stateful import picture
+
+    step = {"type": "engine_step", "ts": 2.0, "worker": "w0", "step": 1,
+            "duration_ms": 20.0, "running": 9, "kv_tokens": 500}  # fmt: skip
+    send(
+        pipeline,
+        *fleet(capacity=1),
+        ready("r1"),
+        ready("r2"),
+        dispatch("r1", "w0"),
+        dispatch("r2", "w0", ts=1.1),  # over capacity
+        dispatch("r1", "w1", ts=1.2),  # double dispatch
+        dispatch("never-ready", "w1", ts=1.3),
+        step,  # the engine runs 9 where the mirror has 2
+        {"type": "progress", "ts": 2.5, "request_id": "r1", "generated": 10},
+        {"type": "progress", "ts": 3.0, "request_id": "r1", "generated": 4},  # decreased
+        {"type": "finish", "ts": 4.0, "request_id": "r2", "output_tokens": 3, "reason": "stop"},
+        {"type": "progress", "ts": 5.0, "request_id": "r2", "generated": 20},  # after finish
+    )
+    send(pipeline, ready("later", ts=200.0), ready("much-later", ts=300.0))  # r1: a ghost
+    reported = set(kinds(pipeline))
+    assert {"over_capacity", "double_dispatch", "dispatch_without_ready", "progress_decreased",
+            "progress_after_finish", "ghost"} <= reported  # fmt: skip
+    follower = pipeline._audits._follower
+    assert follower is not None
+    replica = follower.fleets["default"][0]
+    assert replica.checks is False and pipeline.fleets["default"].core.checks is True
+    assert replica.checker.remembered == sum(1 for k in kinds(pipeline) if k == "ghost")
+    assert picture(replica.mirror) == picture(pipeline.fleets["default"].mirror)

@@ -344,7 +344,8 @@ class AuditFollower:
     def _fleet(self, fleet: str) -> tuple[FleetCore, Auditor]:
         pair = self.fleets.get(fleet)
         if pair is None:
-            core = FleetCore(fleet, self.invariants, self.sweep_every_s)
+            # a replica: the ingest path's core reports the violations
+            core = FleetCore(fleet, self.invariants, self.sweep_every_s, checks=False)
             pair = self.fleets[fleet] = (core, Auditor(fleet, self.config, core.mirror.predictor))
         return pair
 

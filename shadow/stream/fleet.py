@@ -42,9 +42,19 @@ class FleetCore:
     """The mirror of one fleet with its invariant checks and periodic ghost sweeps."""
 
     def __init__(
-        self, fleet: str, invariants: InvariantConfig | None = None, sweep_every_s: float = 5.0
+        self,
+        fleet: str,
+        invariants: InvariantConfig | None = None,
+        sweep_every_s: float = 5.0,
+        *,
+        checks: bool = True,
     ) -> None:
+        """`checks=False`: a replica (the audit follower's) whose violations nobody reads,
+        since the ingest path's own core reports them; it skips the checks that only
+        report (they read the mirror, never change it) and keeps the ghost sweeps, which
+        release requests and so change the state it must share with the ingest path."""
         self.fleet = fleet
+        self.checks = checks
         self.mirror = FleetMirror(fleet)
         self.checker = InvariantChecker(fleet, invariants)
         self.join = FinishJoin()
@@ -78,13 +88,19 @@ class FleetCore:
         return self._sweep(ts), request
 
     def dispatch(self, ts: float, request_id: str, worker: str) -> list[Violation]:
-        found = self.checker.before_dispatch(self.mirror, ts, request_id, worker)
+        found = (
+            self.checker.before_dispatch(self.mirror, ts, request_id, worker) if self.checks else []
+        )
         self.join.note_request(request_id)
         self.mirror.apply_dispatch(ts, request_id, worker)
         return found + self._sweep(ts)
 
     def progress(self, ts: float, request_id: str, generated: int) -> list[Violation]:
-        found = self.checker.before_progress(self.mirror, ts, request_id, generated)
+        found = (
+            self.checker.before_progress(self.mirror, ts, request_id, generated)
+            if self.checks
+            else []
+        )
         self.mirror.apply_progress(ts, request_id, generated)
         return found + self._sweep(ts)
 
@@ -128,7 +144,7 @@ class FleetCore:
             mirror._tick(ts)
             later = self.join.later_finish(mirror, request, output_tokens, estimated is not True)
             return self._sweep(ts), later
-        found = [] if engine else self.checker.before_finish(mirror, ts, target)
+        found = [] if engine or not self.checks else self.checker.before_finish(mirror, ts, target)
         done = mirror.apply_finish(
             ts, target, output_tokens, reason, estimated=estimated is True, ref=ref
         )
@@ -170,7 +186,7 @@ class FleetCore:
         mirror expected."""
         view = self.mirror.apply_engine_step(ts, worker, step, ts - duration_ms / 1000.0, running)
         found = []
-        if view is not None:
+        if view is not None and self.checks:
             # the view already leaves out the dispatched requests the engine has not
             # started (they are in its waiting queue): excuse only the waiting beyond them
             held_back = len(self.mirror.workers[worker].starting)
