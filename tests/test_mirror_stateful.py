@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 from shadow.events import EVENT_ORDER as ORDER
 from shadow.events import parse_body, parse_ndjson
 from shadow.service.runtime import Runtime
-from shadow.service.settings import load_settings
+from shadow.service.settings import ServiceSettings, load_settings
 from shadow.service.store import ServiceStore
 from shadow.stream.fleet import FleetCore
 from shadow.stream.mirror import FinishedRequest, FleetMirror
@@ -810,8 +810,7 @@ def _send(pipeline: Any, *events: dict[str, Any]) -> Any:
 
 @pytest.fixture
 def runtime(tmp_path):
-    settings_ = load_settings(None, db=tmp_path / "forget.duckdb", windows=False,
-                              workers_processes=False)  # fmt: skip
+    settings_ = _inline(tmp_path / "forget.duckdb")
     runtime = Runtime(settings_)
     yield runtime
     runtime.close()
@@ -923,11 +922,26 @@ def _events(*events: dict[str, Any]) -> Any:
     return parsed
 
 
+def _inline(db: Path) -> ServiceSettings:
+    """A service on `db` with the audit inline and no windows: restarts are cheap."""
+    return load_settings(None, db=db, windows=False, workers_processes=False)
+
+
+def _running(request: str, ts: tuple[float, float, float], generated: int) -> list[dict]:
+    """Worker `w0` (B = 2) and `request` ready, dispatched to it and progressed, at `ts`."""
+    ready, dispatched, progressed = ts
+    return [
+        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
+        {"type": "ready", "ts": ready, "request_id": request, "prompt_tokens": 10},
+        {"type": "dispatch", "ts": dispatched, "request_id": request, "worker": "w0"},
+        {"type": "progress", "ts": progressed, "request_id": request, "generated": generated},
+    ]
+
+
 def test_an_incident_is_stored_once_across_a_crash(tmp_path) -> None:
     """The event that raised a violation before the checkpoint can be gone after a
     restart (only a request's highest progress is kept): a later one raises it again."""
-    settings_ = load_settings(None, db=tmp_path / "x.duckdb", windows=False,
-                              workers_processes=False)  # fmt: skip
+    settings_ = _inline(tmp_path / "x.duckdb")
     runtime = Runtime(settings_)
     runtime.pipeline.submit(_events(
         {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
@@ -952,14 +966,10 @@ def test_an_incident_is_stored_once_across_a_crash(tmp_path) -> None:
 def test_a_decrease_seen_before_a_crash_is_kept(tmp_path) -> None:
     """A lower progress is not stored (only a request's highest is), so its violation
     cannot be derived again after a restart, even when it follows the checkpoint."""
-    settings_ = load_settings(None, db=tmp_path / "x.duckdb", windows=False,
-                              workers_processes=False)  # fmt: skip
+    settings_ = _inline(tmp_path / "x.duckdb")
     runtime = Runtime(settings_)
     runtime.pipeline.submit(_events(
-        {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
-        {"type": "ready", "ts": 1.0, "request_id": "r", "prompt_tokens": 10},
-        {"type": "dispatch", "ts": 2.0, "request_id": "r", "worker": "w0"},
-        {"type": "progress", "ts": 3.0, "request_id": "r", "generated": 5},
+        *_running("r", (1.0, 2.0, 3.0), generated=5),
         {"type": "ready", "ts": 10.0, "request_id": "later", "prompt_tokens": 10},
     ))  # fmt: skip
     # applied at once (well behind the newest event), after the held-back ready's id
@@ -979,8 +989,7 @@ def test_a_decrease_seen_before_a_crash_is_kept(tmp_path) -> None:
 
 def test_events_in_the_reorder_window_at_a_crash_are_still_reordered(tmp_path) -> None:
     def mirror_after(restart: bool) -> dict[str, Any]:
-        settings_ = load_settings(None, db=tmp_path / f"{restart}.duckdb", windows=False,
-                                  workers_processes=False)  # fmt: skip
+        settings_ = _inline(tmp_path / f"{restart}.duckdb")
         runtime = Runtime(settings_)
         runtime.pipeline.submit(_events(
             {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
@@ -1012,14 +1021,10 @@ def test_an_event_applied_before_a_crash_keeps_its_place_after_a_held_one(tmp_pa
     machine above)."""
 
     def mirror_after(restart: bool) -> dict[str, Any]:
-        settings_ = load_settings(None, db=tmp_path / f"{restart}.duckdb", windows=False,
-                                  workers_processes=False)  # fmt: skip
+        settings_ = _inline(tmp_path / f"{restart}.duckdb")
         runtime = Runtime(settings_)
         runtime.pipeline.submit(_events(
-            {"type": "worker", "ts": 0.0, "worker": "w0", "capacity": 2},
-            {"type": "ready", "ts": 0.5, "request_id": "r", "prompt_tokens": 10},
-            {"type": "dispatch", "ts": 0.6, "request_id": "r", "worker": "w0"},
-            {"type": "progress", "ts": 1.0, "request_id": "r", "generated": 9},
+            *_running("r", (0.5, 0.6, 1.0), generated=9),
             {"type": "ready", "ts": 6.1, "request_id": "a", "prompt_tokens": 10},
         ))  # fmt: skip
         runtime.pipeline.submit(_events(
@@ -1043,8 +1048,7 @@ def test_an_event_applied_before_a_crash_keeps_its_place_after_a_held_one(tmp_pa
 
 
 def test_a_progress_resent_after_a_restart_is_a_duplicate(tmp_path) -> None:
-    settings_ = load_settings(None, db=tmp_path / "x.duckdb", windows=False,
-                              workers_processes=False)  # fmt: skip
+    settings_ = _inline(tmp_path / "x.duckdb")
     runtime = Runtime(settings_)
     early = {"type": "progress", "ts": 3.0, "seq": 3, "request_id": "r", "generated": 2}
     runtime.pipeline.submit(_events(
