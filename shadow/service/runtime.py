@@ -95,8 +95,9 @@ class Runtime:
         A pool starts its process on its first task. Left to that, the first batches
         waited for two interpreters to start and import (~0.3 s of CPU each, the window
         worker ~0.2 s more at its first window) while they competed with ingest for the
-        cores: 6% of a 377,664-event file at 50,000 events/s. A service starts them
-        before it answers, the file ingest before its first batch."""
+        cores: `bench ingest --counterfactuals`'s file pass ran at 46,328 events/s
+        against 50,624 with them started first (medians). A service starts them before
+        it answers, the file ingest before its first batch."""
         tasks = {"audit": os.getpid, "windows": ready}
         started = time.perf_counter()
         pending = {role: pool.submit(tasks[role]) for role, pool in self._workers.items()}
