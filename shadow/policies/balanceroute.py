@@ -163,8 +163,12 @@ def two_stage_admission(
     # Stage 1: while many slots are free, the emptiest worker takes its best single request
     # (the most free slots, then the lowest load, then the lowest index: what
     # `np.lexsort((worker_index, picture.current, -free))[0]` picks, without a sort).
-    sorted_pool = SortedPool(prompts)
+    # built only when Stage 1 runs: most rounds of a filled fleet have fewer free slots
+    # than `s_greedy`, and sorting the pool was a visible part of such a round
+    sorted_pool: SortedPool | None = None
     while slots > config.s_greedy and len(decided) < pool_size:
+        if sorted_pool is None:
+            sorted_pool = SortedPool(prompts)
         most_free = (free == free.max()).nonzero()[0]
         g = int(most_free[picture.current[most_free].argmin()])
         if len(decided) == pool_size - 1:  # one request left: it is the best, unscored
