@@ -4,7 +4,7 @@ Hypothesis drives a mirror through every kind of change (dispatches, finishes th
 the predictor, engine steps with requests that missed them, progress ahead of the steps,
 recomputes, ghosts, workers joining) and, after each, compares `MaintainedProjection`
 with BR-H's own `project` of the snapshot: exactly, bit for bit, whether it was given the
-snapshot's active set or not.
+snapshot's active set or not, and after it kept a projection BR-H's round made.
 """
 
 from __future__ import annotations
@@ -75,8 +75,13 @@ def test_the_maintained_projection_equals_the_rebuilt_one(workers, operations):
         # every other call as a round's later dispatch gives it: no active set (the rows
         # rebuilt come from the mirror's own requests of those workers)
         lean = number % 2 == 1
-        kept = maintained.current(mirror, mirror.snapshot(with_active=False) if lean else snapshot)
         rebuilt = policy.project(snapshot)
+        if number % 3 == 0:  # a round's first dispatch: BR-H's own projection is kept
+            kept = maintained.current(mirror, snapshot, rebuilt.copy())
+        else:
+            kept = maintained.current(
+                mirror, mirror.snapshot(with_active=False) if lean else snapshot
+            )
         assert kept.shape == rebuilt.shape
         assert np.array_equal(kept, rebuilt), (kind, np.argwhere(kept != rebuilt)[:5])
 
@@ -127,3 +132,60 @@ def test_the_active_rows_of_some_workers_are_the_snapshots_rows_of_them():
     )
     assert rows(local.worker, local.prompt_tokens, local.generated, local.prompt_keys) == expected
     assert any(g for g, *_ in expected) and any(gen for *_, gen, _ in expected)
+
+
+def test_the_audit_keeps_the_projection_brh_made_in_its_round(tmp_path, monkeypatch):
+    """A round's first dispatch scores against the projection BR-H made inside its timed
+    round instead of projecting the fleet again: on recorded traffic every decision is
+    the one the audit makes when it projects the fleet itself, and the projection was
+    kept, not rebuilt, on most rounds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shadow.events import parse_ndjson
+    from shadow.service.ingest.pipeline import Pipeline, PipelineConfig
+    from shadow.service.store import ServiceStore
+    from shadow.stream.audit import AuditFollower
+    from shadow.stream.items import decode_stream
+    from tests.service_helpers import batches, record
+
+    log = tmp_path / "events.ndjson"
+    record(log, requests=400)
+    streams: list[bytes] = []
+
+    class Capturing(ThreadPoolExecutor):
+        def __init__(self) -> None:
+            super().__init__(max_workers=1)
+            self.follower = AuditFollower()
+
+        def submit(self, fn, stream):
+            streams.append(stream)
+            return super().submit(lambda: self.follower.run(decode_stream(stream)))
+
+    store = ServiceStore(tmp_path / "audit.duckdb")
+    worker = Capturing()
+    pipeline = Pipeline(store, PipelineConfig(windows_enabled=False), audit_executor=worker)
+    pipeline.start()
+    for body in batches(log):
+        pipeline.submit(parse_ndjson(body.decode())[0])
+    pipeline.drain()
+    store.close()
+    worker.shutdown()
+
+    def decisions(follower: AuditFollower) -> list[tuple]:
+        outcomes = [o for s in streams for o in follower.run(decode_stream(s))]
+        return [d._replace(latency_ms=None) for o in outcomes for d in o.decisions]
+
+    kept = AuditFollower()
+    with_kept = decisions(kept)
+    projection = next(iter(kept.fleets.values()))[1].projection
+    assert projection.adopted > projection.full_rebuilds
+    made_again = MaintainedProjection.current
+
+    def without_made(self, mirror, snapshot, made=None):
+        return made_again(self, mirror, snapshot)
+
+    monkeypatch.setattr(MaintainedProjection, "current", without_made)
+    rebuilt = AuditFollower()
+    assert decisions(rebuilt) == with_kept
+    assert next(iter(rebuilt.fleets.values()))[1].projection.adopted == 0
+    assert len(with_kept) > 400

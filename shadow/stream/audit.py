@@ -137,6 +137,9 @@ class _Round:
     invalid: list[tuple[str, str, int]]
     errors: list[tuple[str, str]]
     reported: bool = False
+    #: BR-H's projection of the round's snapshot, made inside its timed round (None when
+    #: BR-H is not audited or did not run): the audit's yardstick adopts it
+    projection: np.ndarray | None = None
 
 
 def _router_view_jsq(workers: Sequence[str], view: Mapping[str, object]) -> str | None:
@@ -212,13 +215,21 @@ class Auditor:
         invalid: list[tuple[str, str, int]] = []
         errors: list[tuple[str, str]] = []
         open_slots = bool((free > 0).any())
+        projection: np.ndarray | None = None
         for name, policy in self.policies.items():
             placed: dict[str, str] = {}
             started = time.thread_time()
             try:
                 # a router with worker queues dispatches to a full worker too (it queues)
                 queues = policy.dispatches_on_arrival
-                admitted = policy.admit(snapshot, pool) if open_slots or queues else []
+                if not (open_slots or queues):
+                    admitted = []
+                elif policy is self._horizon:
+                    # its projection, made inside the timer as its own round makes it
+                    projection = policy.project(snapshot)
+                    admitted = policy.admit(snapshot, pool, projection)
+                else:
+                    admitted = policy.admit(snapshot, pool)
             except Exception as error:  # a candidate's bug is evidence, not a crash
                 admitted = []
                 errors.append((name, f"raised {type(error).__name__}: {error}"[:500]))
@@ -237,7 +248,7 @@ class Auditor:
                     invalid.append((name, worker, room))
             choices[name] = placed
         return _Round(ts, frozenset(str(r) for r in pool.request_ids), choices, latency,
-                      invalid, errors)  # fmt: skip
+                      invalid, errors, projection=projection)  # fmt: skip
 
     def audit(self, job: AuditJob, round_: _Round | None = None) -> AuditOutcome:
         """Score one dispatch; `round_` is the policies' round on the incumbent's round
@@ -390,7 +401,9 @@ class AuditFollower:
                 request.prompt_tokens if request is not None else 0,
                 request.prompt_key if request is not None else int(NO_KEY),
                 item.worker, audit.policy, audit.router_view, snapshot,
-                auditor.projection.current(mirror, snapshot),
+                auditor.projection.current(
+                    mirror, snapshot, round_.projection if new_round else None
+                ),
             ),
             round_,
         )  # fmt: skip

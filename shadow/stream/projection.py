@@ -5,7 +5,7 @@ active request (~32,000 at G = 256, B = 128). Between two dispatches of one admi
 round only the worker that took the first request changed, so only its row is rebuilt:
 the mirror's per-worker `version` says which workers changed, the predictor's `version`
 whether every prediction still holds (a completion it learned changes them all, and then
-the whole projection is rebuilt).
+the whole projection is rebuilt, unless the audited BR-H's round just made it).
 
 A row rebuilt alone is exactly the row of a full rebuild: predictions are per request,
 and the projection sums integer token counts (exact in float64), so neither the order of
@@ -38,18 +38,34 @@ class MaintainedProjection:
         #: and the benchmark)
         self.rows_rebuilt = 0
         self.full_rebuilds = 0
+        #: projections made by the round and kept as they were (`current`'s `made`)
+        self.adopted = 0
 
-    def current(self, mirror: FleetMirror, snapshot: FleetSnapshot) -> np.ndarray:
+    def current(
+        self, mirror: FleetMirror, snapshot: FleetSnapshot, made: np.ndarray | None = None
+    ) -> np.ndarray:
         """`Lhat` of the mirror now; `snapshot` is its `snapshot()` of now (the caller has
         it already), with or without its active set (`with_active=False`: a dispatch
         after the first of a round needs no scan of every active request). The changed
         workers' rows are read from the mirror's requests of those workers; a full
         rebuild takes the snapshot's active set, or the mirror's when it has none.
 
+        `made` is a projection of the mirror now, made already with this predictor and
+        horizon (the audited BR-H's own round): it is kept as it is, where a round's first
+        dispatch would otherwise project the fleet a second time (after a completion the
+        predictor learned from, which is most rounds, that is a full rebuild). It becomes
+        this object's own.
+
         The returned array is this object's own: callers must not write to it
         (`BalanceRouteHorizon.admit` copies a projection it is given)."""
         versions = mirror.worker_versions()
         predictor_version = getattr(self.predictor, "version", None)
+        if made is not None:
+            self._projection = made
+            self._versions = versions
+            self._predictor_version = predictor_version
+            self.adopted += 1
+            return made
         projection = self._projection
         if (
             projection is None
