@@ -222,6 +222,7 @@ class BalanceRouteZero(Policy):
     """BR-0: minimise the current step's barrier gap."""
 
     name = "br0"
+    reads_active = False
 
     def __init__(self, config: BalanceRouteConfig | None = None, seed: int = 0) -> None:
         base = config or BalanceRouteConfig()

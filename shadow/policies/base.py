@@ -30,6 +30,17 @@ class Policy(ABC):
     name: ClassVar[str]
     #: how this router holds work: the engine runs a pool or per-worker queues for it
     holds_work: ClassVar[HoldsWork] = HoldsWork.POOL
+    #: whether `admit` reads `snapshot.active`, the per-request rows; a class that never
+    #: does says so itself (a subclass is presumed to read them until it says otherwise),
+    #: and the replay then spares its rounds building them (a gather per column over
+    #: every running request, in each of the continuous runs' hundreds of thousands of
+    #: rounds)
+    reads_active: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "reads_active" not in cls.__dict__:
+            cls.reads_active = True
 
     @property
     def dispatches_on_arrival(self) -> bool:

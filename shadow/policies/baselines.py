@@ -18,6 +18,8 @@ from shadow.policies.snapshot import Admission, FleetSnapshot, ReadyPool
 class SlotFillingPolicy(Policy):
     """A baseline that fills free slots from the head of the pool, one request at a time."""
 
+    reads_active = False
+
     def admit(self, snapshot: FleetSnapshot, pool: ReadyPool) -> list[Admission]:
         free = snapshot.free_slots.tolist()
         count = snapshot.active_count.tolist()
@@ -40,6 +42,8 @@ class SlotFillingPolicy(Policy):
 @register_policy("random")
 class RandomPolicy(SlotFillingPolicy):
     """Uniform among workers with a free slot."""
+
+    reads_active = False
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = _random.Random(seed)
@@ -67,6 +71,8 @@ class RandomPolicy(SlotFillingPolicy):
 class RoundRobinPolicy(SlotFillingPolicy):
     """Round robin over workers with a free slot; the cursor persists across rounds."""
 
+    reads_active = False
+
     def __init__(self, seed: int = 0) -> None:
         self._cursor = 0
 
@@ -87,6 +93,8 @@ class JoinShortestQueuePolicy(SlotFillingPolicy):
 
     `random_ties` breaks ties at random instead (seeded): the A/A replay, which shows how
     much a window's metrics move on arbitrary choices alone."""
+
+    reads_active = False
 
     def __init__(self, seed: int = 0, random_ties: bool = False) -> None:
         self._rng = _random.Random(seed) if random_ties else None
@@ -123,6 +131,8 @@ class JoinShortestQueuePolicy(SlotFillingPolicy):
 class PowerOfTwoPolicy(SlotFillingPolicy):
     """Two random workers with a free slot; the one with fewer active requests."""
 
+    reads_active = False
+
     def __init__(self, seed: int = 0) -> None:
         self._rng = _random.Random(seed)
 
@@ -137,6 +147,8 @@ class PowerOfTwoPolicy(SlotFillingPolicy):
 @register_policy("ltl")
 class LeastTokenLoadPolicy(SlotFillingPolicy):
     """Lowest KV load `L_g`, ties to the lowest index (or at random, seeded: A/A)."""
+
+    reads_active = False
 
     def __init__(self, seed: int = 0, random_ties: bool = False) -> None:
         self._rng = _random.Random(seed) if random_ties else None

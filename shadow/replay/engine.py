@@ -39,6 +39,11 @@ from shadow.replay.workload import StepModel, Workload
 
 #: Steps computed per block at most, so long idle-free stretches stay small in memory.
 MAX_BLOCK_STEPS = 512
+#: the running requests' rows a round gets when its policy never reads them
+#: (`Policy.reads_active`): none, read-only
+_NO_ROWS = ActiveSet.empty()
+for _column in (_NO_ROWS.worker, _NO_ROWS.prompt_tokens, _NO_ROWS.generated, _NO_ROWS.prompt_keys):
+    _column.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,8 @@ class FleetReplay:
         self.progress = progress
         self.predictor = getattr(policy, "predictor", None)
         self.queued = policy.dispatches_on_arrival
+        #: the rounds of a policy that never reads the running requests' rows get none
+        self._reads_active = getattr(policy, "reads_active", True)
         self.queues: list[deque[int]] = [deque() for _ in range(workers)]
         self.queue_tokens = np.zeros(workers, dtype=np.int64)
         #: slots per worker (a window's fleet as observed: uneven B, 0 for a draining
@@ -352,20 +359,24 @@ class FleetReplay:
         if not pool.size or not (self.queued or free.sum() > 0):
             return
         prompt, output, keys = self.prompt.view, self.output.view, self.keys.view
-        active = fleet.active
-        generated = view_step - fleet.admit_step[active]
-        snapshot = FleetSnapshot(
-            self.worker_ids,
-            self.capacity,
-            fleet.count.copy(),
-            fleet.loads(view_step),
-            ActiveSet(
+        if self._reads_active:
+            active = fleet.active
+            generated = view_step - fleet.admit_step[active]
+            rows = ActiveSet(
                 fleet.worker[active],
                 prompt[active],
                 generated,
                 keys[active],
                 output[active] - generated,
-            ),
+            )
+        else:
+            rows = _NO_ROWS
+        snapshot = FleetSnapshot(
+            self.worker_ids,
+            self.capacity,
+            fleet.count.copy(),
+            fleet.loads(view_step),
+            rows,
             np.array([len(q) for q in self.queues], dtype=np.int64),
             self.queue_tokens.copy(),
             self.now,

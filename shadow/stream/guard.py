@@ -20,6 +20,7 @@ class GuardedPolicy(Policy):
         # fleet, where a worker-queue router must)
         default = "jsq" if policy.dispatches_on_arrival else "rr"
         self.fallback = fallback if fallback is not None else make_policy(default)
+        self.reads_active = policy.reads_active or self.fallback.reads_active  # type: ignore[misc]
         #: the replay engine teaches the policy's own predictor, through the guard
         self.predictor = getattr(policy, "predictor", None)
         self.errors = 0
