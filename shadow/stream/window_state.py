@@ -113,6 +113,8 @@ class TrackedWindow:
     #: this on every batch, where rescanning every request of every waiting window cost
     #: the ingest path more than applying the events
     unfinished: int = 0
+    #: found not `blank` while open (`WindowTracker.before_event` asked it on every event)
+    used: bool = False
 
     def request_ids(self) -> list[str]:
         return self.initial.ids + self.pool + self.arrivals

@@ -307,12 +307,15 @@ class WindowTracker:
             self._pending_cut = None
             self._open(window.t_end)
             return
-        if window is not None and window.t_end is None and window.blank():
-            # Nothing has happened in it yet but fleet changes (the workers of a recorded
-            # log come up after its first event opened the window): its start state is
-            # the fleet as it is now, or the window would start with no workers and be
-            # discarded, and with it the start of the evidence.
-            self._reopen(window)
+        if window is not None and window.t_end is None and not window.used:
+            if window.blank():
+                # Nothing has happened in it yet but fleet changes (the workers of a
+                # recorded log come up after its first event opened the window): its start
+                # state is the fleet as it is now, or the window would start with no
+                # workers and be discarded, and with it the start of the evidence.
+                self._reopen(window)
+            else:
+                window.used = True  # an open window holds what it took: never blank again
         if self._pending_cut is not None:
             same_step = ts == self._pending_cut and kind in STEP_END_KINDS
             if not same_step:
