@@ -163,20 +163,22 @@ def two_stage_admission(
     # Stage 1: while many slots are free, the emptiest worker takes its best single request
     # (the most free slots, then the lowest load, then the lowest index: what
     # `np.lexsort((worker_index, picture.current, -free))[0]` picks, without a sort).
-    # built only when Stage 1 runs: most rounds of a filled fleet have fewer free slots
-    # than `s_greedy`, and sorting the pool was a visible part of such a round
+    # The pool sorted for the scan is built at Stage 1's first scored choice: most rounds
+    # of a filled fleet have fewer free slots than `s_greedy`, or one request, which
+    # goes in unscored, and sorting the pool was a visible part of such a round.
     sorted_pool: SortedPool | None = None
     while slots > config.s_greedy and len(decided) < pool_size:
-        if sorted_pool is None:
-            sorted_pool = SortedPool(prompts)
         most_free = (free == free.max()).nonzero()[0]
         g = int(most_free[picture.current[most_free].argmin()])
         if len(decided) == pool_size - 1:  # one request left: it is the best, unscored
             i = int(np.flatnonzero(~taken)[0])
         else:
+            if sorted_pool is None:  # before any take: the first choice of a pool of 2+
+                sorted_pool = SortedPool(prompts)
             i = sorted_pool.best(picture.objective(g))
         taken[i] = True
-        sorted_pool.take(i)
+        if sorted_pool is not None:
+            sorted_pool.take(i)
         picture.add(g, int(prompts[i]))
         free[g] -= 1
         slots -= 1
