@@ -40,10 +40,8 @@ from shadow.replay.workload import StepModel, Workload
 #: Steps computed per block at most, so long idle-free stretches stay small in memory.
 MAX_BLOCK_STEPS = 512
 #: the running requests' rows a round gets when its policy never reads them
-#: (`Policy.reads_active`): none, read-only
+#: (`Policy.reads_active`): none (zero-length columns, so shared safely)
 _NO_ROWS = ActiveSet.empty()
-for _column in (_NO_ROWS.worker, _NO_ROWS.prompt_tokens, _NO_ROWS.generated, _NO_ROWS.prompt_keys):
-    _column.flags.writeable = False
 
 
 @dataclass(frozen=True)

@@ -145,8 +145,8 @@ class WindowScheduler:
         # The windows of many fleets fall due together and finish one by one: stored
         # together once none is still evaluating (or the first has waited long enough),
         # a transaction costs ~1 ms a window where one window alone cost ~10.
-        if not (wait or not self._pending
-                or time.monotonic() - self._done_since >= STORE_AFTER_S):  # fmt: skip
+        waited = time.monotonic() - self._done_since >= STORE_AFTER_S
+        if not (wait or waited or not self._pending):
             return 0
         done, self._done = self._done, []
         self._store(done, fits_too=wait)
