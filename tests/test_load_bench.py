@@ -9,12 +9,27 @@ from itertools import pairwise
 import pytest
 
 from shadow.bench.load import growth_mib_per_min, run
+from shadow.bench.scrape import metric_sum, metric_value
 from shadow.service.footprint import cpu_seconds
 
 
 def test_growth_is_the_slope_in_mib_per_minute():
     assert growth_mib_per_min([(60.0, 300.0), (120.0, 301.0), (180.0, 302.0)]) == pytest.approx(1.0)
     assert growth_mib_per_min([(60.0, 300.0)]) is None
+
+
+def test_metrics_text_values_are_read_by_name_and_summed_over_labels():
+    text = (
+        "# TYPE shadow_audit_skipped_total counter\n"
+        'shadow_audit_skipped_total{fleet="0"} 3.0\n'
+        'shadow_audit_skipped_total{fleet="1"} 4.0\n'
+        "shadow_audit_lag_seconds 1.5\n"
+        "shadow_audit_lag_seconds_max 9.0\n"
+    )
+    assert metric_sum(text, "shadow_audit_skipped_total") == 7.0
+    assert metric_value(text, "shadow_audit_skipped_total") == 3.0  # the first series
+    assert metric_value(text, "shadow_audit_lag_seconds") == 1.5  # not the _max one
+    assert metric_value(text, "shadow_absent") == 0.0
 
 
 def test_cpu_seconds_grow_with_work_and_a_gone_process_has_none():
@@ -52,6 +67,11 @@ def test_a_short_load_run_stores_every_acknowledged_event_once(tmp_path):
     assert busy and all(i["server_cpu_us_per_event"] > 0 for i in busy)
     spread = report["server_cpu_us_per_event"]
     assert 0 < spread["min"] <= spread["median"] <= spread["max"]
+    # the audit read from the service's /metrics as the load stopped: at this rate it
+    # kept up and audited every first dispatch
+    audit = report["audit_at_load_end"]
+    assert audit["skipped"] == 0 and audit["lag_s"] >= 0.0 and audit["backlog_batches"] >= 0
+    assert report["decisions_audited"] > 0
 
 
 def test_a_load_run_with_the_counterfactuals_on_still_stores_everything(tmp_path):

@@ -40,6 +40,7 @@ import msgspec
 import numpy as np
 
 from shadow.bench.load import growth_mib_per_min
+from shadow.bench.scrape import metric_sum, metric_value
 from shadow.bench.workspace import workspace
 from shadow.events import iter_file
 from shadow.policies import make_policy
@@ -496,19 +497,6 @@ def _served_windows(client: httpx.Client, fleet: str) -> tuple[int, float | None
     return total, float(last.json()["items"][0]["t_end"])
 
 
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def _metric_sum(text: str, name: str) -> float:
-    """The sum of a labelled metric's series (every `tag` of DuckDB's memory)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{"))  # fmt: skip
-
-
 @dataclass
 class _Acked:
     """What the service acknowledged, by kind, and how late the sources were."""
@@ -576,13 +564,13 @@ def ingest_http(
                 if time.monotonic() - started < next_sample:
                     continue
                 metrics = client.get("/metrics").text
-                lag = _metric(metrics, "shadow_audit_lag_seconds")
+                lag = metric_value(metrics, "shadow_audit_lag_seconds")
                 windows, window_end = _served_windows(client, FLEET)
                 cpu, rss = _footprint(pid)
                 used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
                 with acked.lock:
                     events, behind = acked.events, max(acked.behind_s.values(), default=0.0)
-                duck = _metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
+                duck = metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
                 sample = Sample(next_sample, time.monotonic() - started, events, lag, behind,
                                 used, rss, windows, window_end, duck,
                                 _held_served(metrics))  # fmt: skip
@@ -591,13 +579,13 @@ def ingest_http(
                 next_sample += SAMPLE_S
             sent_s = time.monotonic() - started
             metrics = client.get("/metrics").text
-            end_lag = _metric(metrics, "shadow_audit_lag_seconds")
-            skipped = _metric(metrics, "shadow_audit_skipped_total")
+            end_lag = metric_value(metrics, "shadow_audit_lag_seconds")
+            skipped = metric_sum(metrics, "shadow_audit_skipped_total")
             windows, window_end = _served_windows(client, FLEET)
             cpu, rss = _footprint(pid)
             used = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
             behind = max(acked.behind_s.values(), default=0.0)
-            duck = _metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
+            duck = metric_sum(metrics, "shadow_duckdb_memory_bytes") / 2**20
             samples.append(Sample(recording.fleet_seconds, sent_s, acked.events, end_lag,
                                   behind, used, rss, windows, window_end, duck,
                                   _held_served(metrics)))  # fmt: skip

@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 
 from shadow.bench.ingest import record
+from shadow.bench.scrape import metric_sum, metric_value
 from shadow.bench.workspace import workspace
 from shadow.service.footprint import cpu_seconds, process_tree, resident_bytes
 from shadow.service.store import LATEST_PROGRESS
@@ -323,6 +324,13 @@ def _run_in(
         wall = time.monotonic() - started
         window = stop_at - started
         with httpx.Client(base_url=server.url, timeout=120) as client:
+            # the derived work as the load stopped, before the flush lets it catch up
+            at_end = client.get("/metrics").text
+            audit_at_end = {
+                "lag_s": metric_value(at_end, "shadow_audit_lag_seconds"),
+                "backlog_batches": metric_value(at_end, "shadow_audit_backlog_batches"),
+                "skipped": int(metric_sum(at_end, "shadow_audit_skipped_total")),
+            }
             client.post("/v1/flush").raise_for_status()
             commits = _commit_counters(client.get("/metrics").text)
     finally:
@@ -392,6 +400,9 @@ def _run_in(
             "stored_latest_rows": int(progress_rows),
         },
         "decisions_audited": int(decisions),
+        #: the audit when the load stopped: how far behind (fleet seconds), its queue,
+        #: and the dispatches its sampling skipped (0: every dispatch audited)
+        "audit_at_load_end": audit_at_end,
         "counterfactuals": counterfactuals,
         #: windows the continuous counterfactuals evaluated, and over how many fleets
         "windows_evaluated": {"windows": int(windows[0]), "fleets": int(windows[1])},

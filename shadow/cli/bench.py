@@ -192,6 +192,11 @@ def bench_load(
                   f"{commits['transactions']:,.0f} transactions "
                   f"({commits['batches_per_transaction']:.2f} per transaction), the commit "
                   f"thread busy {commits['busy_fraction']:.0%} of the time")  # fmt: skip
+    audit = report["audit_at_load_end"]
+    console.print(f"audit: {report['decisions_audited']:,} decisions; when the load stopped "
+                  f"{audit['lag_s']:.2f} s of fleet time behind, {audit['backlog_batches']:.0f} "
+                  f"batches queued, {audit['skipped']:,} dispatches skipped by "
+                  f"sampling")  # fmt: skip
     if counterfactuals:
         evaluated = report["windows_evaluated"]
         console.print(f"continuous counterfactuals: {evaluated['windows']:,} windows evaluated "
