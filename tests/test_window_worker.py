@@ -4,6 +4,8 @@ SQLAlchemy, Alembic and the ORM models (~0.5 s of its start, ~54 MiB resident)."
 
 from __future__ import annotations
 
+import os
+
 from shadow.service.ingest import windows
 from shadow.service.window_runs import evaluate_continuous, evaluate_in_worker
 from shadow.service.workers import window_worker
@@ -52,3 +54,29 @@ def test_the_service_starts_its_workers_before_the_first_event(tmp_path) -> None
         assert runtime.worker_pids() == pids
     finally:
         runtime.close()
+
+
+def _niceness(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[16])
+
+
+def test_the_workers_yield_the_cores_to_ingest_as_configured(tmp_path) -> None:
+    """`workers_nice`: both worker processes run that much nicer than the service (the
+    derived work takes the cycles ingest leaves); 0 leaves them at the service's."""
+    from shadow.service.runtime import Runtime
+    from shadow.service.settings import load_settings
+
+    own = _niceness(os.getpid())
+    for nice, expected in ((5, min(19, own + 5)), (0, own)):
+        settings = load_settings(None, db=tmp_path / f"n{nice}.duckdb", windows=True,
+                                 workers_nice=nice)  # fmt: skip
+        runtime = Runtime(settings)
+        try:
+            runtime.start_workers()
+            pids = runtime.worker_pids()
+            assert {role: [_niceness(p) for p in found] for role, found in pids.items()} == {
+                "audit": [expected],
+                "windows": [expected],
+            }, nice
+        finally:
+            runtime.close()

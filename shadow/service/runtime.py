@@ -76,10 +76,13 @@ class Runtime:
                     config.invariants,
                     config.ghost_sweep_every_s,
                     tuple(settings.policy_modules),
+                    settings.workers_nice,
                 )
                 self._workers["audit"] = audit_executor
             if config.windows_enabled:
-                window_executor = window_worker(tuple(settings.policy_modules))
+                window_executor = window_worker(
+                    tuple(settings.policy_modules), settings.workers_nice
+                )
                 self._workers["windows"] = window_executor
         self.pipeline = Pipeline(self.store, config, window_executor, audit_executor)
         self.rebuilt_events = self.pipeline.start()

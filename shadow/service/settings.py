@@ -41,6 +41,7 @@ from shadow.replay.workload import StepModel
 from shadow.service.http.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
 from shadow.service.ingest.pipeline import Limits, PipelineConfig
 from shadow.service.plugins import import_policy_modules
+from shadow.service.workers import WORKERS_NICE
 from shadow.storage.archive import RetentionConfig
 from shadow.stream.audit import AuditConfig
 from shadow.stream.invariants import InvariantConfig
@@ -196,6 +197,9 @@ class ServiceSettings(BaseModel):
     duckdb_memory_mb: int = Field(512, ge=64)
     idle_flush_s: float = Field(0.5, gt=0)
     workers_processes: bool = True
+    #: how far the worker processes (audit, counterfactual replays) yield the cores to
+    #: ingest when both are busy (a niceness added to theirs: 0 shares them equally)
+    workers_nice: int = Field(WORKERS_NICE, ge=0, le=19)
     fleet: str = "default"
     engines: list[EngineTarget] = Field(default_factory=list)
     poll_interval_s: float = Field(0.5, gt=0)

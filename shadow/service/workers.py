@@ -46,13 +46,32 @@ def ignore_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+#: the worker processes' default niceness (`ServiceSettings.workers_nice`)
+WORKERS_NICE = 10
+
+
+def yield_to_ingest(nice: int) -> None:
+    """Lower this worker process's scheduling priority by `nice` (0: leave it).
+
+    The audit and the counterfactual replays are derived work: they may fall behind and
+    catch up (the audit then samples, and says so), where the ingest process acknowledges
+    events whose sources buffer only so much. On two cores the three processes shared the
+    CPU equally when all were busy, so ingest got what the workers left it: at 40,000
+    events/s with the counterfactuals on (`shadow bench load`) the senders fell 8.8 s
+    behind. Niced, the workers take the cycles ingest does not use (docs/RELIABILITY.md)."""
+    if nice > 0:
+        os.nice(nice)
+
+
 def _audit_init(
     config: AuditConfig,
     invariants: InvariantConfig | None,
     sweep: float,
     policy_modules: tuple[str, ...] = (),
+    nice: int = WORKERS_NICE,
 ) -> None:
     limit_heap_arenas()
+    yield_to_ingest(nice)
     exit_with_parent()
     ignore_stop_signals()
     import_policy_modules(policy_modules)
@@ -62,8 +81,9 @@ def _audit_init(
     start_heap_trace("audit")
 
 
-def _window_init(policy_modules: tuple[str, ...] = ()) -> None:
+def _window_init(policy_modules: tuple[str, ...] = (), nice: int = WORKERS_NICE) -> None:
     limit_heap_arenas()
+    yield_to_ingest(nice)
     exit_with_parent()
     ignore_stop_signals()
     import_policy_modules(policy_modules)
@@ -76,23 +96,27 @@ def audit_worker(
     invariants: InvariantConfig | None = None,
     sweep_every_s: float = 5.0,
     policy_modules: tuple[str, ...] = (),
+    nice: int = WORKERS_NICE,
 ) -> ProcessPoolExecutor:
     """One process holding the audit follower (its replica mirror persists across
     batches); give it the pipeline's invariant settings so ghost sweeps match, and the
-    settings' `policy_modules` so it knows the policies they register."""
+    settings' `policy_modules` so it knows the policies they register. `nice`: how far
+    it yields the cores to ingest (`yield_to_ingest`)."""
     return ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_audit_init,
-        initargs=(config, invariants, sweep_every_s, tuple(policy_modules)),
+        initargs=(config, invariants, sweep_every_s, tuple(policy_modules), nice),
     )
 
 
-def window_worker(policy_modules: tuple[str, ...] = ()) -> ProcessPoolExecutor:
+def window_worker(
+    policy_modules: tuple[str, ...] = (), nice: int = WORKERS_NICE
+) -> ProcessPoolExecutor:
     """One process for window replays (pure functions of their specs)."""
     return ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_window_init,
-        initargs=(tuple(policy_modules),),
+        initargs=(tuple(policy_modules), nice),
     )
