@@ -57,7 +57,7 @@ def test_the_service_starts_its_workers_before_the_first_event(tmp_path) -> None
 
 
 def _niceness(pid: int) -> int:
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[16])
+    return os.getpriority(os.PRIO_PROCESS, pid)
 
 
 def test_the_workers_yield_the_cores_to_ingest_as_configured(tmp_path) -> None:

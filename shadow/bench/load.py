@@ -189,12 +189,10 @@ def _progress_requests(templates: list[BatchTemplate], acked: list[tuple[int, in
 
 def _commit_counters(metrics: str) -> dict[str, float]:
     """Group-commit counters from the service's /metrics text."""
-    out = {"transactions": 0.0, "batches": 0.0, "seconds": 0.0}
-    for line in metrics.splitlines():
-        for name in out:
-            if line.startswith(f"shadow_commit_{name}_total "):
-                out[name] = float(line.split()[1])
-    return out
+    return {
+        name: metric_value(metrics, f"shadow_commit_{name}_total")
+        for name in ("transactions", "batches", "seconds")
+    }
 
 
 def run(
