@@ -545,6 +545,17 @@ def drive(world: RealWorld, service: ServerProcess, recorders, router: str) -> R
             assert attempt < LONG_ATTEMPTS, "worker 2's long request never streamed in time"
             assert wait_until(lambda: engines_idle(engine_url), 120), "engines not idle"
         result.killed_workers = world.kill_server(1)
+        # vLLM's running gauge is set by its stat logger after an engine iteration, so a
+        # page scraped at once can still read 0 for requests already streaming (seen in a
+        # fresh-clone run: 0 then 2 half a second later): compare once the page has them
+        labels = world.engine_labels()
+        wait_until(
+            lambda: all(
+                engine_value(scrape(engine_url), "vllm:num_requests_running", labels[w]) > 0
+                for w in ("0", "1")
+            ),
+            10,
+        )
         for _ in range(6):
             api.post("/v1/flush")
             workers = {
