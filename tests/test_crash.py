@@ -3,11 +3,13 @@ writes, a second server on the same file, a full disk."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -275,6 +277,42 @@ def test_a_killed_audit_worker_stops_ingest_with_a_clear_error(tmp_path):
         assert acknowledged <= set(stored_keys(store))
     finally:
         store.close()
+
+
+def test_a_taken_port_is_a_clear_error_before_anything_starts(tmp_path):
+    """The port is taken first, before the database and the demo world: a port someone
+    else holds stops the command at once, and one the service holds stays its own while
+    the demo world starts (uvicorn alone would bind only after the lifespan)."""
+    db = tmp_path / "port.duckdb"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        command = [sys.executable, "-m", "shadow.cli", "serve", "--db", str(db),
+                   "--port", str(port), "--demo"]  # fmt: skip
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in message, message
+    assert "Traceback" not in refused.stderr + refused.stdout
+    assert "demo:" not in refused.stdout  # nothing was announced, nothing started
+    # a port the service took is its own from the banner on, while the demo world starts
+    port = free_port()
+    command = [sys.executable, "-m", "shadow.cli", "serve", "--db", str(db),
+               "--port", str(port), "--demo"]  # fmt: skip
+    service = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        assert service.stdout is not None
+        banner = ""
+        while "Ctrl-C" not in banner and service.poll() is None:
+            banner += service.stdout.readline().decode()
+        with socket.socket() as intruder, pytest.raises(OSError) as taken:
+            intruder.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+    finally:
+        service.send_signal(signal.SIGINT)
+        service.wait(timeout=60)
 
 
 def test_a_second_server_on_the_same_database_gets_a_clear_error(tmp_path):

@@ -3,6 +3,7 @@ ingest path."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Annotated
@@ -61,6 +62,7 @@ def serve(
         ensure_database_free(settings.db)
     except DatabaseBusy as error:
         raise fail(str(error)) from None
+    listener = _listen(settings.host, settings.port)
     if demo is None:
         demo = config is None and not settings.engines and not settings.demo
         demo = demo or settings.demo
@@ -98,7 +100,23 @@ def serve(
     service = create_app(settings, DemoCompanion.from_settings(settings) if demo else None)
     tune_interpreter()
     start_heap_trace("server")
-    uvicorn.run(service, host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(service, log_level="warning")).run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The service's port, taken before anything else starts. Uvicorn binds only after the
+    lifespan, and the lifespan starts the demo world: a real vLLM opens dozens of sockets
+    in that minute, and one of them can land on the port (seen in CI). A port already
+    taken is a clear error before anything has started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise fail(f"cannot listen on {host}:{port}: {error.strerror}", code=2) from None
+    return listener
 
 
 def ingest(
