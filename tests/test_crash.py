@@ -310,9 +310,20 @@ def test_a_taken_port_is_a_clear_error_before_anything_starts(tmp_path):
         with socket.socket() as intruder, pytest.raises(OSError) as taken:
             intruder.bind(("127.0.0.1", port))
         assert taken.value.errno == errno.EADDRINUSE
+        # and it serves on it; Ctrl-C then stops it cleanly (uvicorn re-raises the signal)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("the service never answered /healthz")
     finally:
         service.send_signal(signal.SIGINT)
         service.wait(timeout=60)
+    assert service.returncode == 0, banner
 
 
 def test_a_second_server_on_the_same_database_gets_a_clear_error(tmp_path):

@@ -3,6 +3,7 @@ ingest path."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -100,7 +101,11 @@ def serve(
     service = create_app(settings, DemoCompanion.from_settings(settings) if demo else None)
     tune_interpreter()
     start_heap_trace("server")
-    uvicorn.Server(uvicorn.Config(service, log_level="warning")).run(sockets=[listener])
+    server = uvicorn.Server(uvicorn.Config(service, log_level="warning"))
+    with contextlib.suppress(KeyboardInterrupt):  # as `uvicorn.run`: the server re-raises
+        server.run(sockets=[listener])  # the Ctrl-C it stopped on
+    if not server.started:
+        raise typer.Exit(3)  # uvicorn's startup failure; it logged why
 
 
 def _listen(host: str, port: int) -> socket.socket:
