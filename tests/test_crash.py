@@ -297,33 +297,20 @@ def test_a_taken_port_is_a_clear_error_before_anything_starts(tmp_path):
     assert "Traceback" not in refused.stderr + refused.stdout
     assert "demo:" not in refused.stdout  # nothing was announced, nothing started
     # a port the service took is its own from the banner on, while the demo world starts
-    port = free_port()
-    command = [sys.executable, "-m", "shadow.cli", "serve", "--db", str(db),
-               "--port", str(port), "--demo"]  # fmt: skip
-    service = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    service = ServerProcess(db, demo=True).launch()
     try:
-        assert service.stdout is not None
+        assert service.process is not None and service.process.stdout is not None
         banner = ""
-        while "Ctrl-C" not in banner and service.poll() is None:
-            banner += service.stdout.readline().decode()
+        while "Ctrl-C" not in banner and service.process.poll() is None:
+            banner += service.process.stdout.readline().decode()
         with socket.socket() as intruder, pytest.raises(OSError) as taken:
-            intruder.bind(("127.0.0.1", port))
+            intruder.bind(("127.0.0.1", service.port))
         assert taken.value.errno == errno.EADDRINUSE
         # and it serves on it; Ctrl-C then stops it cleanly (uvicorn re-raises the signal)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("the service never answered /healthz")
+        service.wait_ready()
     finally:
-        service.send_signal(signal.SIGINT)
-        service.wait(timeout=60)
-    assert service.returncode == 0, banner
+        service.stop()
+    assert service.process.returncode == 0, banner
 
 
 def test_a_second_server_on_the_same_database_gets_a_clear_error(tmp_path):

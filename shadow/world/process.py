@@ -53,6 +53,11 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
+        """Launch the server and wait until it answers `/healthz`."""
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> ServerProcess:
+        """Start the process without waiting for it (its output is `process.stdout`)."""
         command = [sys.executable, "-m", "shadow.cli", "serve", "--db", str(self.db),
                    "--port", str(self.port), "--demo" if self.demo else "--no-demo"]  # fmt: skip
         if self.config is not None:
@@ -65,6 +70,11 @@ class ServerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             start_new_session=self.own_group,
         )
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> ServerProcess:
+        """Wait until the launched server answers `/healthz`; its output if it exits."""
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
