@@ -313,6 +313,66 @@ def test_a_taken_port_is_a_clear_error_before_anything_starts(tmp_path):
     assert service.process.returncode == 0, banner
 
 
+def _stall_a_batch(port: int) -> socket.socket:
+    """A `POST /v1/events` whose body never finishes arriving."""
+    stalled = socket.create_connection(("127.0.0.1", port))
+    head = "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n"
+    stalled.sendall(f"{head}Content-Length: 100000\r\n\r\n{{".encode())
+    time.sleep(0.5)
+    return stalled
+
+
+def _output_after_exit(service: ServerProcess) -> str:
+    assert service.process is not None and service.process.stdout is not None
+    output = service.process.stdout.read().decode()  # until it exits
+    service.process.wait(timeout=60)
+    return output
+
+
+def test_a_second_ctrl_c_skips_the_wait_for_open_requests_but_not_the_shutdown(tmp_path):
+    """Ctrl-C waits for requests in flight; a second one stops waiting, as in uvicorn, but
+    the lifespan still stops the workers and closes the database. uvicorn alone skipped
+    that shutdown, and asyncio then cancelled the lifespan and printed its traceback (as
+    `timeout -s INT`, which signals the process and then its group, did to the demo)."""
+    config = write_config(tmp_path / "c.toml", windows=False)
+    service = ServerProcess(tmp_path / "twice.duckdb", config).start()
+    assert service.process is not None
+    with _stall_a_batch(service.port):
+        service.process.send_signal(signal.SIGINT)
+        time.sleep(2.0)
+        assert service.process.poll() is None  # still waiting for the stalled request
+        service.process.send_signal(signal.SIGINT)
+        output = _output_after_exit(service)
+    assert service.process.returncode == 0, output
+    assert "Traceback" not in output and "Error" not in output, output
+    assert "stopping without waiting for open requests" in output, output
+    # the shutdown ran: the database is closed and whole, and opens again at once
+    ServerProcess(tmp_path / "twice.duckdb", config).start().stop()
+
+
+def test_one_ctrl_c_ends_a_stalled_request_after_the_grace_period(tmp_path):
+    """A sender that never finishes its batch holds a stop for the grace period only; a
+    sender that disconnects mid-batch is counted, with a line in the log, not a traceback."""
+    from shadow.service.http.server import GRACE_S
+
+    config = write_config(tmp_path / "c.toml", windows=False)
+    service = ServerProcess(tmp_path / "once.duckdb", config).start()
+    assert service.process is not None
+    _stall_a_batch(service.port).close()  # gone mid-batch
+    metrics = httpx.get(f"{service.url}/metrics", timeout=10).text
+    assert "shadow_ingest_disconnects_total 1.0" in metrics
+    with _stall_a_batch(service.port):
+        begun = time.monotonic()
+        service.process.send_signal(signal.SIGINT)
+        output = _output_after_exit(service)
+        took = time.monotonic() - begun
+    assert service.process.returncode == 0, output
+    assert GRACE_S <= took < GRACE_S + 30, (took, output)
+    assert "Traceback" not in output and "Error" not in output, output
+    assert "a sender disconnected before its batch (100000 bytes) arrived whole" in output
+    assert "1 open requests after 10 s; ending them" in output, output
+
+
 def test_a_second_server_on_the_same_database_gets_a_clear_error(tmp_path):
     db = tmp_path / "busy.duckdb"
     config = write_config(tmp_path / "c.toml", windows=False)

@@ -52,9 +52,8 @@ def serve(
     from shadow.service.footprint import limit_heap_arenas
 
     limit_heap_arenas()  # before any thread: uvicorn's, the commits', DuckDB's
-    import uvicorn
-
     from shadow.service.http.app import create_app
+    from shadow.service.http.server import ServiceServer
     from shadow.service.interpreter import tune_interpreter
     from shadow.service.runtime import DatabaseBusy, ensure_database_free
 
@@ -101,7 +100,7 @@ def serve(
     service = create_app(settings, DemoCompanion.from_settings(settings) if demo else None)
     tune_interpreter()
     start_heap_trace("server")
-    server = uvicorn.Server(uvicorn.Config(service, log_level="warning"))
+    server = ServiceServer(service, announce=err_console.print)
     with contextlib.suppress(KeyboardInterrupt):  # as `uvicorn.run`: the server re-raises
         server.run(sockets=[listener])  # the Ctrl-C it stopped on
     if not server.started:

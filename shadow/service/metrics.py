@@ -68,11 +68,13 @@ class ServiceCollector(Collector):
         modes: Callable[[], ModeStore],
         telemetry: Callable[[], dict[str, dict[str, Any]]],
         auth_denied: Callable[[], dict[int, int]] = dict,
+        ingest_disconnects: Callable[[], int] = int,
     ) -> None:
         self._runtime = runtime
         self._modes = modes
         self._telemetry = telemetry
         self._auth_denied = auth_denied
+        self._ingest_disconnects = ingest_disconnects
         self._calibration: dict[str, tuple[float, float | None]] = {}
 
     def collect(self) -> Iterator[Any]:
@@ -116,6 +118,11 @@ class ServiceCollector(Collector):
         for status, count in sorted(self._auth_denied().items()):
             denied.add_metric([str(status)], count)
         yield denied
+        yield CounterMetricFamily(
+            "shadow_ingest_disconnects", "Event batches whose sender disconnected before the "
+            "body arrived whole (none of such a batch is stored).",
+            value=self._ingest_disconnects(),
+        )  # fmt: skip
         kv = GaugeMetricFamily(
             "shadow_mirror_kv_tokens", "KV tokens per worker in the mirror.",
             labels=["fleet", "worker"],

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from shadow.events import parse_body
 from shadow.service.http.state import State
@@ -16,6 +18,7 @@ from shadow.service.runtime import Runtime
 from shadow.service.store import StorageError
 
 router = APIRouter()
+log = logging.getLogger("uvicorn.error")  # the service's log: warnings and up reach stderr
 
 
 def flush_reorder_window(runtime: Runtime, idle: bool = False) -> None:
@@ -47,7 +50,16 @@ async def _read_body(request: Request, state: State) -> bytes:
 async def post_events(request: Request, state: State) -> JSONResponse:
     """Ingest a batch (NDJSON or a JSON array). Valid events are stored even when
     others in the batch are rejected; each rejection names its position and field."""
-    body = await _read_body(request, state)
+    try:
+        body = await _read_body(request, state)
+    except ClientDisconnect:  # a tap stopped or gave up mid-batch: normal, and nothing stored
+        state.ingest_disconnects += 1
+        log.warning(
+            "a sender disconnected before its batch (%s bytes) arrived whole; none of it "
+            "was stored",
+            request.headers.get("content-length", "chunked, unknown"),
+        )
+        return Response(status_code=400)  # never read: the sender is gone
     state.last_submit = time.monotonic()
     settings = state.settings
     pipeline = state.runtime.pipeline

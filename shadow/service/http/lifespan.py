@@ -75,6 +75,7 @@ def _start(state: AppState, runtime: Runtime) -> Started:
             lambda: started.modes,
             lambda: started.poller.status() if started.poller else {},
             lambda: state.auth_denied,
+            lambda: state.ingest_disconnects,
         )
     )
     router.latency = route_latency(registry)

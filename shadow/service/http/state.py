@@ -45,6 +45,8 @@ class AppState:
     last_submit: float = 0.0
     #: requests refused by the bearer check, by status
     auth_denied: Counter[int] = field(default_factory=lambda: Counter({401: 0, 403: 0}))
+    #: `POST /v1/events` bodies cut short by their sender's disconnect (nothing stored)
+    ingest_disconnects: int = 0
     # One batch parsed and applied at a time. Both are pure Python, so parallel batches
     # only fight over the GIL, and mostly with the commit thread, whose DuckDB calls take
     # the GIL back many times a statement: with a single contender the commits keep up
