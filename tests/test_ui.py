@@ -267,7 +267,11 @@ def test_compare_has_one_series_per_worker_per_policy_on_one_scale(ui, api):
         chart = charts.nth(i)
         assert chart.get_attribute("data-policy") == policy
         assert int(chart.get_attribute("data-series")) == g
-        assert int(chart.get_attribute("data-points")) > 0
+        # seen once in CI (nth=1, the incumbent: 0 points), not reproduced in 6 runs here:
+        # say which window the page drew and what the API holds for it
+        shown = ui.page.locator(".range-line").inner_text()
+        held = {p: len(s["t"]) for p, s in data["series"].items()}
+        assert int(chart.get_attribute("data-points")) > 0, (policy, shown, data["windows"], held)
     for key in ("imbalance", "gap", "step_ms"):
         assert int(ui.page.locator(f'[data-chart="{key}"]').get_attribute("data-series")) == len(
             policies
