@@ -1,5 +1,6 @@
 """`shadow bench tap`'s stall detection (`shadow.bench.stalls`): which measured intervals
-a stall of the machine overlaps, and a real heartbeat process on this machine."""
+a stall of the machine overlaps, and a real heartbeat process on this machine; and how it
+splits the CPUs between vLLM and the measuring side."""
 
 from __future__ import annotations
 
@@ -38,3 +39,24 @@ def test_the_heartbeat_sees_its_own_process_stopped(tmp_path):
     stalls = heartbeat.stop()
     long = stalls[(stalls[:, 1] - stalls[:, 0]) >= 0.3]
     assert len(long) == 1 and long[0, 0] >= before - STALL_S
+
+
+def test_vllm_and_the_measuring_side_get_cpus_of_their_own():
+    """`bench tap` splits the CPUs it may use: disjoint, together all of them, vLLM's
+    half first; a single CPU is not split."""
+    from shadow.bench.tap import split_cpus
+
+    mine = os.sched_getaffinity(0)
+    split = split_cpus()
+    if len(mine) < 2:
+        assert split is None
+        return
+    assert split is not None
+    engine, rest = split
+    assert engine and rest and not engine & rest and engine | rest == mine
+    assert max(engine) < min(rest) and len(engine) == len(mine) // 2
+    try:  # one CPU: nothing to split
+        os.sched_setaffinity(0, {min(mine)})
+        assert split_cpus() is None
+    finally:
+        os.sched_setaffinity(0, mine)

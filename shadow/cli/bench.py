@@ -418,6 +418,14 @@ def bench_tap(
     requests: Annotated[int, typer.Option(min=1, help="Streams per path.")] = 48,
     concurrency: Annotated[int, typer.Option(min=1, help="Streams at once.")] = 8,
     max_tokens: Annotated[int, typer.Option(min=2, help="Tokens per stream.")] = 128,
+    pin: Annotated[
+        bool,
+        typer.Option(
+            "--pin/--no-pin",
+            help="vLLM on half the CPUs, the tap, recorder, service and clients on the rest "
+            "(sharing them, the scheduler's queue behind vLLM is what the P99 measures).",
+        ),
+    ] = True,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     """Latency the tap adds per chunk (P50/P99) and its CPU per 1,000 chunks, on real vLLM
@@ -430,7 +438,7 @@ def bench_tap(
     except bench.VllmUnavailable as error:
         raise fail(str(error)) from None
     with console.status("streaming through vLLM, straight and through the tap"):
-        result = bench.run(requests, concurrency, max_tokens)
+        result = bench.run(requests, concurrency, max_tokens, pin)
     table = Table(title=f"Tap on real vLLM streams: {result.chunks:,} chunks through the tap, "
                   f"{result.chunks_per_s:,.0f} chunks/s")  # fmt: skip
     for column in ("measure", "P50", "P99", "target"):
@@ -450,6 +458,12 @@ def bench_tap(
         table.add_row("tap's own hand-off, ms (bucket bound)", f"<= {result.handoff_p50_ms:g}",
                       f"<= {result.handoff_p99_ms:g}", "")  # fmt: skip
     console.print(table)
+    if result.engine_cpus is not None:
+        engine, rest = _cpus(result.engine_cpus), _cpus(result.measure_cpus or [])
+        console.print(f"vLLM ran on CPU {engine}; the tap, the recorder, the service and the "
+                      f"clients on CPU {rest}")  # fmt: skip
+    else:
+        console.print("vLLM and the measuring side shared every CPU (--no-pin, or one CPU)")
     console.print(
         f"the machine stood still {result.stalls} times, {result.stalled_s:.2f} s in all (a "
         f"heartbeat that could not run for over 5 ms): {result.direct_stalled:,} straight and "
@@ -469,6 +483,10 @@ def bench_tap(
     if json_out is not None:
         json_out.write_text(json.dumps(bench.as_json(result), indent=2) + "\n")
         console.print(f"wrote {json_out}")
+
+
+def _cpus(cpus: list[int]) -> str:
+    return ",".join(str(c) for c in cpus)
 
 
 @bench_app.command("bias")
