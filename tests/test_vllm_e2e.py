@@ -168,15 +168,28 @@ class GcPauses:
                 f"{worst * 1000:.1f} ms (generation {generation})")  # fmt: skip
 
 
-async def serve(app) -> tuple[QuietServer, str]:
+async def serve(app) -> tuple[QuietServer, asyncio.Task[None], str]:
     port = free_port()
     server = QuietServer(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
-    asyncio.get_running_loop().create_task(server.serve())
+    task = asyncio.get_running_loop().create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
-    return server, f"http://127.0.0.1:{port}"
+    return server, task, f"http://127.0.0.1:{port}"
+
+
+async def stop_served(served: list[tuple[QuietServer, asyncio.Task[None]]]) -> None:
+    """Stop servers started by `serve`: left running, their tasks were destroyed pending
+    when the loop closed, two warnings at the end of every CI log."""
+    if not served:
+        return
+    for server, _ in served:
+        server.should_exit = True
+    _, pending = await asyncio.wait([task for _, task in served], timeout=10)
+    for server, _ in served:
+        server.force_exit = True  # a connection still open after 10 s is not waited for
+    await asyncio.gather(*pending)
 
 
 # -- the load ----------------------------------------------------------------------------
@@ -418,13 +431,15 @@ def run(tmp_path_factory):
     config.write_text("\n".join(lines) + "\n")
     service = ServerProcess(tmp / "shadow.duckdb", config, port=port).start()
     recorders: list[Recorder] = []
+    served: list[tuple[QuietServer, asyncio.Task[None]]] = []
     pauses, gc_note = GcPauses(), "not reached"
     try:
         upstreams = {}
         for server in world.servers:
             recorder = Recorder(server.url)
             recorders.append(recorder)
-            upstreams[server.url] = loop.run(serve(recorder))[1]
+            recorder_server, task, upstreams[server.url] = loop.run(serve(recorder))
+            served.append((recorder_server, task))
         world.start(upstreams=upstreams)
         addresses = loop.run(world.serve_router())
         # What the earlier tests of a whole-suite run left is collected once here and
@@ -448,6 +463,7 @@ def run(tmp_path_factory):
             print(f"--- {server.log_path.name} (tail)\n{server.log_tail(1500)}")
         world.stop_processes()
         loop.run(world.stop_router())
+        loop.run(stop_served(served))
         loop.close()
         service.stop()
 
