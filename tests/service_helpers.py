@@ -63,7 +63,20 @@ def mirror_state(client: httpx.Client, url: str) -> dict:
 
 
 def write_config(path: Path, **values: object) -> Path:
-    lines = [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    """A settings file from flat names (the programmatic spelling), written in the sectioned
+    spelling a config file uses: flat names there are deprecated, and every service the
+    tests started printed the warning."""
+    from shadow.service.settings import FLAT_NAMES
+
+    top: list[str] = []
+    sections: dict[str, list[str]] = {}
+    for name, value in values.items():
+        if name in FLAT_NAMES:
+            section, key = FLAT_NAMES[name]
+            sections.setdefault(section, []).append(f"{key} = {json.dumps(value)}")
+        else:
+            top.append(f"{name} = {json.dumps(value)}")
+    lines = top + [line for section, keys in sections.items() for line in (f"[{section}]", *keys)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
