@@ -46,9 +46,15 @@ class ServiceServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             deadline.cancel()
-        if self.force_exit:  # uvicorn skipped the lifespan's shutdown; the service must not
+        if self.force_exit and not self._lifespan_stopped():  # uvicorn skips it then
             await self._end_open_requests()
             await self.lifespan.shutdown()
+
+    def _lifespan_stopped(self) -> bool:
+        """Whether the lifespan's shutdown ran (the grace period can run out during it, which
+        sets `force_exit` after uvicorn has looked at it)."""
+        stopped = getattr(self.lifespan, "shutdown_event", None)
+        return stopped is None or stopped.is_set()
 
     def _stop_waiting(self) -> None:
         if self.server_state.connections:
