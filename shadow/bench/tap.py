@@ -23,6 +23,7 @@ fleet does not share the engines' cores either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -122,8 +124,6 @@ class VllmServer:
 
 
 def _suppress():
-    import contextlib
-
     return contextlib.suppress(ProcessLookupError)
 
 
@@ -316,6 +316,19 @@ def split_cpus() -> tuple[set[int], set[int]] | None:
     return set(cpus[:half]), set(cpus[half:])
 
 
+@contextlib.contextmanager
+def _on_cpus(cpus: set[int] | None) -> Iterator[None]:
+    """This process, and what it starts meanwhile, on `cpus` (None: as it is); its own
+    CPUs again after, even when the block raises."""
+    mine = os.sched_getaffinity(0)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
 def run(
     requests: int = 48, concurrency: int = 8, max_tokens: int = 128, pin: bool = True
 ) -> TapBench:
@@ -325,12 +338,10 @@ def run(
     split = split_cpus() if pin else None
     with tempfile.TemporaryDirectory(prefix="shadow-bench-tap-") as tmp:
         work = Path(tmp)
-        if split is not None:
-            os.sched_setaffinity(0, split[0])  # vLLM inherits it
-        try:
+        with _on_cpus(split[0] if split else None):  # vLLM inherits them
             engine = VllmServer(python, work / "model").start()
-        finally:
-            os.sched_setaffinity(0, split[1] if split is not None else mine)
+        if split is not None:  # the measuring side: this process and what it starts
+            os.sched_setaffinity(0, split[1])
         service = tap = recorder = None
         try:
             service = ServerProcess(work / "bench.duckdb").start()
