@@ -534,7 +534,8 @@ def bench_demo(
     ] = None,
 ) -> None:
     """The README demo's table (BR-0, BR-H against the incumbent) after SECONDS, against
-    an offline replay of the demo's own recorded arrivals; exit 1 when a ratio is off."""
+    an offline replay of the demo's own recorded arrivals; exit 1 when a ratio is off, 2 when
+    the run cannot be compared (no window, restarted runs, no drain)."""
     import tempfile
 
     from shadow.bench import demo
@@ -542,7 +543,10 @@ def bench_demo(
     with tempfile.TemporaryDirectory() as scratch:
         path = db or Path(scratch) / "demo.duckdb"
         with console.status(f"running the demo for {seconds:g} s, then replaying its arrivals"):
-            result = demo.check(path, seconds)
+            try:
+                result = demo.check(path, seconds)
+            except demo.DemoCheckError as error:
+                raise fail(str(error), code=2) from None
     console.out(demo.table(result), highlight=False)
     if trace is not None:
         demo.export_trace(result.recording, trace)
