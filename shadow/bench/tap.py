@@ -329,64 +329,68 @@ def _on_cpus(cpus: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, mine)
 
 
+#: the recorder's process: `recorder_main(port, engine URL)`
+RECORDER_MAIN = (
+    "import sys; from shadow.bench.tap import recorder_main; "
+    "recorder_main(int(sys.argv[1]), sys.argv[2])"
+)
+
+
 def run(
     requests: int = 48, concurrency: int = 8, max_tokens: int = 128, pin: bool = True
 ) -> TapBench:
     """`pin`: vLLM on CPUs of its own, the rest for everything else (`split_cpus`)."""
     python = vllm_python()
-    mine = os.sched_getaffinity(0)
     split = split_cpus() if pin else None
     with tempfile.TemporaryDirectory(prefix="shadow-bench-tap-") as tmp:
         work = Path(tmp)
         with _on_cpus(split[0] if split else None):  # vLLM inherits them
             engine = VllmServer(python, work / "model").start()
-        if split is not None:  # the measuring side: this process and what it starts
-            os.sched_setaffinity(0, split[1])
-        service = tap = recorder = None
-        try:
-            service = ServerProcess(work / "bench.duckdb").start()
-            recorder_port, tap_port, metrics_port = free_ports(3)
-            recorder = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from shadow.bench.tap import recorder_main; "
-                 "recorder_main(int(sys.argv[1]), sys.argv[2])", str(recorder_port), engine.url],
-                cwd=REPO,
-            )  # fmt: skip
-            recorder_url = f"http://127.0.0.1:{recorder_port}"
-            _wait_http(recorder_url + "/__record", recorder)
-            tap = subprocess.Popen(
-                [sys.executable, "-m", "shadow.cli", "tap", "--service", service.url,
-                 "--engine", f"worker=w0,upstream={recorder_url},listen=127.0.0.1:{tap_port}",
-                 "--metrics-listen", f"127.0.0.1:{metrics_port}"],
-                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            )  # fmt: skip
-            _wait_http(f"http://127.0.0.1:{metrics_port}/metrics", tap)
-            tap_url = f"http://127.0.0.1:{tap_port}"
-            asyncio.run(_streams(recorder_url, concurrency, concurrency, 16, "warm"))
-            asyncio.run(_streams(tap_url, concurrency, concurrency, 16, "warmtap"))
-            _recorded(recorder_url)
-            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-            handoff_before = _handoff_buckets(httpx.get(metrics_url).text)
-            heartbeat = Heartbeat(work / "stalls.json").start()
-            cpu_before, started = _cpu_seconds(tap.pid), time.perf_counter()
-            direct, through = asyncio.run(_both(recorder_url, tap_url, requests, concurrency,
-                                                max_tokens))  # fmt: skip
-            elapsed, cpu = time.perf_counter() - started, _cpu_seconds(tap.pid) - cpu_before
-            stalls = heartbeat.stop()
-            handoff_after = _handoff_buckets(httpx.get(metrics_url).text)
-            stamps = _recorded(recorder_url)[0]
-            (direct_ms, direct_stalled), (tap_ms, tap_stalled) = (
-                _hop_ms(stamps, direct, stalls), _hop_ms(stamps, through, stalls))  # fmt: skip
-        finally:
-            if tap is not None and tap.poll() is None:
-                tap.send_signal(signal.SIGINT)
-                tap.wait(timeout=30)
-            if recorder is not None:
-                recorder.terminate()
-                recorder.wait(timeout=30)
-            if service is not None:
-                service.stop()
-            engine.stop()
-            os.sched_setaffinity(0, mine)
+        # the measuring side: this process and what it starts
+        with _on_cpus(split[1] if split else None):
+            service = tap = recorder = None
+            try:
+                service = ServerProcess(work / "bench.duckdb").start()
+                recorder_port, tap_port, metrics_port = free_ports(3)
+                recorder = subprocess.Popen(
+                    [sys.executable, "-c", RECORDER_MAIN, str(recorder_port), engine.url],
+                    cwd=REPO,
+                )
+                recorder_url = f"http://127.0.0.1:{recorder_port}"
+                _wait_http(recorder_url + "/__record", recorder)
+                tap = subprocess.Popen(
+                    [sys.executable, "-m", "shadow.cli", "tap", "--service", service.url,
+                     "--engine", f"worker=w0,upstream={recorder_url},listen=127.0.0.1:{tap_port}",
+                     "--metrics-listen", f"127.0.0.1:{metrics_port}"],
+                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                )  # fmt: skip
+                _wait_http(f"http://127.0.0.1:{metrics_port}/metrics", tap)
+                tap_url = f"http://127.0.0.1:{tap_port}"
+                asyncio.run(_streams(recorder_url, concurrency, concurrency, 16, "warm"))
+                asyncio.run(_streams(tap_url, concurrency, concurrency, 16, "warmtap"))
+                _recorded(recorder_url)
+                metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+                handoff_before = _handoff_buckets(httpx.get(metrics_url).text)
+                heartbeat = Heartbeat(work / "stalls.json").start()
+                cpu_before, started = _cpu_seconds(tap.pid), time.perf_counter()
+                direct, through = asyncio.run(_both(recorder_url, tap_url, requests, concurrency,
+                                                    max_tokens))  # fmt: skip
+                elapsed, cpu = time.perf_counter() - started, _cpu_seconds(tap.pid) - cpu_before
+                stalls = heartbeat.stop()
+                handoff_after = _handoff_buckets(httpx.get(metrics_url).text)
+                stamps = _recorded(recorder_url)[0]
+                (direct_ms, direct_stalled), (tap_ms, tap_stalled) = (
+                    _hop_ms(stamps, direct, stalls), _hop_ms(stamps, through, stalls))  # fmt: skip
+            finally:
+                if tap is not None and tap.poll() is None:
+                    tap.send_signal(signal.SIGINT)
+                    tap.wait(timeout=30)
+                if recorder is not None:
+                    recorder.terminate()
+                    recorder.wait(timeout=30)
+                if service is not None:
+                    service.stop()
+                engine.stop()
     chunks = len(tap_ms) + tap_stalled
     d50, d99 = (float(np.percentile(direct_ms, q)) for q in (50, 99))
     t50, t99 = (float(np.percentile(tap_ms, q)) for q in (50, 99))

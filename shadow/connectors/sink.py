@@ -91,7 +91,7 @@ class HttpEventSink:
 
     async def start(self) -> None:
         if self._client is None and self._poster is None:
-            self._client = httpx.AsyncClient(timeout=10.0)
+            self._client = httpx.AsyncClient(timeout=POST_TIMEOUT_S)
         self._closing = False
         self._task = asyncio.create_task(self._run())
 

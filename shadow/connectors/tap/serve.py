@@ -70,20 +70,18 @@ def own_poster(client: UpstreamClient, token: str | None) -> Poster:
         headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
 
     async def post(url: str, body: bytes) -> int:
-        async def exchange() -> int:
-            response = await client.send("POST", url, headers, body)
-            try:
-                await response.aread()
-            finally:  # a whole answer gives the connection back; a cut one closes it
-                await response.aclose()
-            return response.status_code
-
         try:
-            return await asyncio.wait_for(exchange(), POST_TIMEOUT_S)
+            async with asyncio.timeout(POST_TIMEOUT_S):
+                response = await client.send("POST", url, headers, body)
+                try:
+                    await response.aread()
+                finally:  # a whole answer gives the connection back; a cut one closes it
+                    await response.aclose()
         except TimeoutError:
             raise SinkPostError(f"no answer within {POST_TIMEOUT_S:g} s") from None
         except UpstreamError as error:
             raise SinkPostError(str(error)) from None
+        return response.status_code
 
     return post
 
