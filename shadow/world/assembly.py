@@ -24,7 +24,7 @@ from shadow.world.emulator import EmulatedFleet, QuietServer
 from shadow.world.event_wire import sink_fields
 from shadow.world.process import free_port
 from shadow.world.router import Router
-from shadow.world.tap import TapProxy, world_tap_config
+from shadow.world.tap import Listener, TapProxy, listen, world_tap_config
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class World:
         self._servers: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.tap: TapProxy | None = None
+        self._tap_listener: Listener | None = None
         self.router: Router | None = None
         self.addresses: WorldAddresses | None = None
 
@@ -109,7 +110,8 @@ class World:
         )  # fmt: skip
         self.tap = TapProxy(config, self.tap_sink)
         await self.tap.start()
-        tap_url = await self._serve(self.tap.app(), lifespan="off")
+        self._tap_listener = await listen(self.tap.handler(), "127.0.0.1", 0)
+        tap_url = f"http://127.0.0.1:{self._tap_listener.port}"
         self.router = Router(
             list(workers), tap_url, capacity=self.options.batch,
             policy=self.options.router_policy, sink=self.router_sink,
@@ -133,6 +135,8 @@ class World:
         for task in self._tasks:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)
+        if self._tap_listener is not None:
+            await self._tap_listener.close()
         await self.fleet.stop()
         if self.tap is not None:
             await self.tap.stop()

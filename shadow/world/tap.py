@@ -9,6 +9,7 @@ that header (`request_ids = "header"`) and does not announce `ready` again.
 from __future__ import annotations
 
 from shadow.connectors.tap.config import EngineConfig, TapConfig
+from shadow.connectors.tap.listener import Listener, listen
 from shadow.connectors.tap.proxy import (
     GENERATION_PATHS,
     HOP_BY_HOP,
@@ -28,7 +29,7 @@ def world_tap_config(
     fleet: str = "default",
 ) -> TapConfig:
     """The tap config of the world: every worker by path prefix on one listener (its
-    address is the world's to choose: it serves `TapProxy.app()` itself)."""
+    address is the world's to choose: it serves `TapProxy.handler()` itself, `listen`)."""
     engines = tuple(
         EngineConfig(worker=worker, upstream=url, path_prefix=f"/{worker}", capacity=capacity)
         for worker, url in workers.items()
@@ -42,7 +43,9 @@ def world_tap_config(
 __all__ = [
     "GENERATION_PATHS",
     "HOP_BY_HOP",
+    "Listener",
     "TapProxy",
+    "listen",
     "prompt_hash_of",
     "prompt_tokens_of",
     "proxy_client",

@@ -14,7 +14,8 @@ What it changes: nothing in the response; in the request only `X-Request-Id` (wh
 absent) and `X-data-parallel-rank` (when the engine has a `dp_rank`). Chunks go to the
 client as they arrive (accounting runs after the hand-off), events go through the
 non-blocking `HttpEventSink`. A client that leaves closes the upstream request
-(`cancelled`); an upstream failure ends the request in `error`. Neither marks the worker
+(`cancelled`); an upstream failure ends the request in `error` (and, once the answer has
+started, cuts the client's connection). Neither marks the worker
 down: one request says nothing about an engine's health, its metrics do. Other paths are
 proxied without events.
 """
@@ -28,9 +29,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -38,6 +37,7 @@ import msgspec
 from shadow.connectors.openai_stream import StreamAccountant, Update
 from shadow.connectors.sink import HttpEventSink
 from shadow.connectors.tap.config import EngineConfig, TapConfig
+from shadow.connectors.tap.listener import Exchange, Handler
 from shadow.connectors.tap.metrics import CONTENT_TYPE, TapMetrics
 from shadow.connectors.tap.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from shadow.events import (
@@ -50,11 +50,6 @@ from shadow.events import (
     WorkerEvent,
     event_to_json,
 )
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 #: Headers a proxy must not forward (RFC 9110's connection-specific ones; host, which the
 #: client sets for the upstream; the request's length, which the client recomputes; and
@@ -169,8 +164,8 @@ class _Request:
 
 
 class TapProxy:
-    """The proxy for one tap config; `app(listener)` is the ASGI app of a listener (an
-    engine's own, or None for the shared one)."""
+    """The proxy for one tap config; `handler(listener)` is what a listener serves (an
+    engine's own, or None for the shared one; `listener.listen`)."""
 
     def __init__(
         self,
@@ -206,59 +201,50 @@ class TapProxy:
         if self._own_client and self._client is not None:
             await self._client.aclose()
 
-    def app(self, engine: EngineConfig | None = None) -> Callable[..., Awaitable[None]]:
-        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] == "http":
-                await self._handle(engine, scope, receive, send)
+    def handler(self, engine: EngineConfig | None = None) -> Handler:
+        """What a listener serves: an engine's own (`engine`), or the shared one (None)."""
 
-        return asgi
+        async def handle(exchange: Exchange) -> None:
+            await self._handle(engine, exchange)
+
+        return handle
 
     # ------------------------------------------------------------------ routing
 
     def _route(
-        self, engine: EngineConfig | None, scope: Scope
+        self, engine: EngineConfig | None, exchange: Exchange
     ) -> tuple[EngineConfig, str, str] | None:
         """The engine, the path it is asked for (decoded, what the tap reads) and the same
         path as the client wrote it (percent-encoded, what the tap forwards: a decoded
         space or `?` would change the request)."""
-        path: str = scope["path"]
-        raw = scope.get("raw_path")
-        wire = raw.decode("latin-1") if raw else quote(path)
+        path = exchange.path
+        wire = exchange.raw_path.decode("latin-1")
         if engine is not None:
             return engine, path, wire
         for prefix, candidate in self._prefixes:
             if path == prefix or path.startswith(prefix + "/"):
                 return candidate, path[len(prefix) :] or "/", _strip_prefix(wire, prefix) or "/"
-        for key, value in scope["headers"]:
+        for key, value in exchange.headers:
             if key == self._route_header:
                 found = self._headers.get(value.decode("latin-1"))
                 return None if found is None else (found, path, wire)
         return None
 
-    async def _handle(
-        self, listener: EngineConfig | None, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        if listener is None and scope["path"] == "/metrics" and scope["method"] == "GET":
-            await _respond(send, 200, self.metrics.render(),
-                           [(b"content-type", CONTENT_TYPE.encode())])  # fmt: skip
+    async def _handle(self, listener: EngineConfig | None, exchange: Exchange) -> None:
+        if listener is None and exchange.path == "/metrics" and exchange.method == "GET":
+            exchange.respond(200, self.metrics.render(),
+                             [(b"content-type", CONTENT_TYPE.encode())])  # fmt: skip
             return
-        routed = self._route(listener, scope)
+        routed = self._route(listener, exchange)
         if routed is None:
-            message = (f"no engine for {scope['path']}: match a path_prefix or set "
+            message = (f"no engine for {exchange.path}: match a path_prefix or set "
                        f"{self.config.route_header} to an engine's header value")  # fmt: skip
-            await _respond(send, 404, json.dumps({"error": message}).encode())
+            exchange.respond(404, json.dumps({"error": message}).encode(), _JSON)
             return
         engine, path, wire = routed
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-        headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1") not in HOP_BY_HOP]
-        endpoint = GENERATION_PATHS.get(path) if scope["method"] == "POST" else None
+        body = exchange.body
+        headers = [(k, v) for k, v in exchange.headers if k.decode("latin-1") not in HOP_BY_HOP]
+        endpoint = GENERATION_PATHS.get(path) if exchange.method == "POST" else None
         parsed: dict | None = None
         if endpoint is not None:
             with contextlib.suppress(ValueError):
@@ -280,19 +266,19 @@ class TapProxy:
         if engine.dp_rank is not None:
             headers = [(k, v) for k, v in headers if k != b"x-data-parallel-rank"]
             headers.append((b"x-data-parallel-rank", str(engine.dp_rank).encode()))
-        query = scope.get("query_string", b"")
+        query = exchange.query
         url = engine.upstream + wire + ("?" + query.decode("latin-1") if query else "")
         assert self._client is not None
         try:
-            upstream = await self._client.send(scope["method"], url, headers, bytes(body))
+            upstream = await self._client.send(exchange.method, url, headers, body)
         except UpstreamError as error:
             self.metrics.upstream_errors.labels(engine.worker).inc()
             if state is not None:
                 self._close(state, upstream_error=str(error))
             reason = f"engine {engine.worker} unreachable: {error}"
-            await _respond(send, 502, json.dumps({"error": reason}).encode())
+            exchange.respond(502, json.dumps({"error": reason}).encode(), _JSON)
             return
-        await self._relay(engine, upstream, state, receive, send)
+        await self._relay(engine, upstream, state, exchange)
 
     def _ids(self, endpoint: str, header_id: str, n: int) -> list[str]:
         if self.config.request_ids == "header":
@@ -310,66 +296,61 @@ class TapProxy:
         engine: EngineConfig,
         upstream: UpstreamResponse,
         state: _Request | None,
-        receive: Receive,
-        send: Send,
+        exchange: Exchange,
     ) -> None:
-        """Pass the body through while a watcher waits for the client to leave; the
-        first to end decides how the request ended."""
+        """Pass the body through as it arrives, from the engine connection's own callback
+        (accounting after the hand-off), until it ends or the client leaves; the first
+        to happen decides how the request ended. A body that breaks off cuts the
+        client's connection: a proxy must not end a truncated answer as a whole one."""
         headers = [
             (k.lower(), v)
             for k, v in upstream.raw_headers
             if k.decode("latin-1").lower() not in _RESPONSE_DROP
         ]
-        await send({"type": "http.response.start", "status": upstream.status_code,
-                    "headers": headers})  # fmt: skip
-        pump = asyncio.ensure_future(self._pump(engine, upstream, state, send))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone = watch.done() and not pump.done()
-            watch.cancel()
-            if not pump.done():
-                pump.cancel()
-            try:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
-            finally:  # whatever the pump raised, the engine's connection is let go
-                with contextlib.suppress(Exception):
-                    await upstream.aclose()
-            if gone and state is not None:
-                self._close(state, client_gone=True)
-
-    async def _pump(
-        self,
-        engine: EngineConfig,
-        upstream: UpstreamResponse,
-        state: _Request | None,
-        send: Send,
-    ) -> None:
-        worker = engine.worker
-        passed = self.metrics.passed.setdefault(worker, [0, 0])
+        exchange.start(upstream.status_code, headers)
+        passed = self.metrics.passed.setdefault(engine.worker, [0, 0])
         latency = self.metrics.added_latency.observe
         clock = time.perf_counter
+        write = exchange.write
+        apply = self._apply
+
+        def relay(chunk: bytes) -> None:
+            arrived = clock()
+            write(chunk)
+            latency(clock() - arrived)
+            passed[0] += 1
+            passed[1] += len(chunk)
+            if state is not None:
+                apply(state, state.accountant.feed(chunk))
+
+        exchange.on_flow(upstream.pause, upstream.resume)
+        body = upstream.stream_to(relay)
         error: str | None = None
+        client_left = False
         try:
-            read = upstream.read
-            while chunk := await read():
-                arrived = clock()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                latency(clock() - arrived)
-                passed[0] += 1
-                passed[1] += len(chunk)
-                if state is not None:
-                    self._apply(state, state.accountant.feed(chunk))
-        except UpstreamError as failure:
-            error = str(failure)
-            self.metrics.upstream_errors.labels(worker).inc()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if state is not None:
-            if error is None and upstream.status_code >= 400:
-                error = f"status {upstream.status_code}"
-            self._close(state, upstream_error=error)
+            await asyncio.wait((body, exchange.gone), return_when=asyncio.FIRST_COMPLETED)
+            client_left = not body.done()
+            if not client_left:
+                failure = body.exception()
+                if failure is None:
+                    exchange.end()
+                else:
+                    error = str(failure)
+                    self.metrics.upstream_errors.labels(engine.worker).inc()
+                    exchange.abort()
+        finally:
+            if not body.done():
+                body.cancel()
+            with contextlib.suppress(Exception):  # the engine's connection is let go
+                await upstream.aclose()
+        if state is None:
+            return
+        if client_left:
+            self._close(state, client_gone=True)
+            return
+        if error is None and upstream.status_code >= 400:
+            error = f"status {upstream.status_code}"
+        self._close(state, upstream_error=error)
 
     # ------------------------------------------------------------------ events
 
@@ -511,14 +492,3 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
         if key.lower() == name:
             return value.decode("latin-1")
     return None
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _respond(send: Send, status: int, body: bytes, headers: list | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": _JSON if headers is None else headers})  # fmt: skip
-    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,50 +1,18 @@
-"""Running a tap: its event sink, its proxy and one uvicorn server per listener, in the
+"""Running a tap: its event sink, its proxy and its listeners (`listener.listen`), in the
 current event loop, until stopped."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Iterator
-
-import uvicorn
 
 from shadow.connectors.sink import POST_TIMEOUT_S, HttpEventSink, Poster, SinkPostError
 from shadow.connectors.tap.config import EngineConfig, TapConfig, read_token
+from shadow.connectors.tap.listener import Listener, listen
 from shadow.connectors.tap.proxy import TapProxy
 from shadow.connectors.tap.upstream import UpstreamClient, UpstreamError
 
 log = logging.getLogger(__name__)
-
-
-#: how often a listener's server looks at its exit flag when not told: uvicorn's own loop
-#: wakes every 0.1 s, a cost per second per listener whatever the traffic (the tap is
-#: held to a share of a core per chunk, and a quiet tap's wake-ups are all overhead)
-TICK_S = 1.0
-
-
-class _Server(uvicorn.Server):
-    """Leaves signal handlers to the owner (several servers share one process), and
-    wakes once a second instead of ten times; `request_exit` stops it at once."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def main_loop(self) -> None:
-        self._exit_requested = asyncio.Event()
-        counter = 0
-        while not await self.on_tick(counter):
-            counter = (counter + 10) % 864000  # on_tick's own count of 0.1 s ticks
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exit_requested.wait(), TICK_S)
-
-    def request_exit(self) -> None:
-        self.should_exit = True
-        requested = getattr(self, "_exit_requested", None)
-        if requested is not None:
-            requested.set()
 
 
 def make_sink(config: TapConfig) -> tuple[HttpEventSink, UpstreamClient]:
@@ -95,8 +63,8 @@ class RunningTap:
         self.sink, self._sink_client = make_sink(config)
         self.proxy = TapProxy(config, self.sink)
         self.addresses: dict[str, str] = {}
-        self._servers: list[_Server] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._listeners: list[Listener] = []
+        self._stopped = asyncio.Event()
 
     async def start(self) -> RunningTap:
         await self.sink.start()
@@ -110,31 +78,23 @@ class RunningTap:
             if engine.listen is not None:
                 listeners.append((engine.worker, engine.listen, engine))
         for name, (host, port), engine in listeners:
-            # no `server` or `date` header of its own: the engine's pass through alone
-            server = _Server(uvicorn.Config(
-                self.proxy.app(engine), host=host, port=port, log_level="warning",
-                lifespan="off", timeout_keep_alive=120, server_header=False, date_header=False,
-            ))  # fmt: skip
-            self._servers.append(server)
-            self._tasks.append(asyncio.create_task(server.serve()))
-            while not server.started:
-                if self._tasks[-1].done():
-                    await self.stop()
-                    raise OSError(f"tap listener {name}: cannot listen on {host}:{port}")
-                await asyncio.sleep(0.01)
-            bound = server.servers[0].sockets[0].getsockname()[1] if port == 0 else port
-            self.addresses[name] = f"http://{host}:{bound}"
+            try:
+                listener = await listen(self.proxy.handler(engine), host, port)
+            except OSError as error:
+                await self.stop()
+                raise OSError(f"tap listener {name}: cannot listen on {host}:{port}: "
+                              f"{error.strerror or error}") from None  # fmt: skip
+            self._listeners.append(listener)
+            self.addresses[name] = f"http://{host}:{listener.port}"
         return self
 
     async def serve_forever(self) -> None:
-        await asyncio.gather(*self._tasks)
+        await self._stopped.wait()
 
     async def stop(self) -> None:
-        for server in self._servers:
-            server.request_exit()
-        for task in self._tasks:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(task, 10)
+        await asyncio.gather(*(listener.close() for listener in self._listeners))
+        self._listeners.clear()
         await self.proxy.stop()
         await self.sink.aclose()
         await self._sink_client.aclose()
+        self._stopped.set()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -52,10 +53,17 @@ class UpstreamResponse:
         self._error: str | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        #: `stream_to`'s receiver and its end
+        self._receiver: Callable[[bytes], None] | None = None
+        self._streamed: asyncio.Future[None] | None = None
 
     # the connection's side ----------------------------------------------------------
 
     def _body(self, data: bytes) -> None:
+        receiver = self._receiver
+        if receiver is not None:
+            self._body_to(receiver, data)
+            return
         self._pieces.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER:
@@ -70,6 +78,12 @@ class UpstreamResponse:
         else:
             self._error = error
         self._wake()
+        streamed = self._streamed
+        if streamed is not None and not streamed.done():
+            if error is None:
+                streamed.set_result(None)
+            else:
+                streamed.set_exception(UpstreamError(error))
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -99,6 +113,41 @@ class UpstreamResponse:
         if self._buffered < LOW_WATER:
             self._connection.resume_reading()
         return data
+
+    def stream_to(self, receiver: Callable[[bytes], None]) -> asyncio.Future[None]:
+        """Hand the body to `receiver` as it arrives, from the connection's callback (no
+        task wakes per chunk: the tap's relay); the future ends with the body, or with
+        `UpstreamError` if it broke off (or `receiver` raised). `pause` and `resume`
+        stop and restart reading the socket meanwhile. Instead of `read`, not with it."""
+        self._streamed = streamed = asyncio.get_running_loop().create_future()
+        pieces = self._pieces
+        while pieces and self._error is None:
+            data = pieces.popleft()
+            self._buffered -= len(data)
+            self._body_to(receiver, data)
+        self._connection.resume_reading()
+        if streamed.done():
+            return streamed
+        if self._error is not None:
+            streamed.set_exception(UpstreamError(self._error))
+        elif self._complete:
+            streamed.set_result(None)
+        else:
+            self._receiver = receiver
+        return streamed
+
+    def _body_to(self, receiver: Callable[[bytes], None], data: bytes) -> None:
+        try:
+            receiver(data)
+        except Exception as error:  # the receiver's failure ends the stream, not the loop
+            self._end(f"the tap failed on a chunk: {error!r}")
+            self._connection.close()
+
+    def pause(self) -> None:
+        self._connection.pause_reading()
+
+    def resume(self) -> None:
+        self._connection.resume_reading()
 
     async def aread(self) -> bytes:
         parts = []

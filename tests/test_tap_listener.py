@@ -1,0 +1,179 @@
+"""The tap's HTTP/1.1 listener (`connectors/tap/listener.py`), over real loopback sockets:
+keep-alive and pipelining, 100-continue, refusals, framing by HTTP version and method, a
+client that leaves, and a client too slow for the answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from shadow.connectors.tap import listener as listener_module
+from shadow.connectors.tap.listener import Exchange, listen
+
+
+def _run(main: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+async def _echo(exchange: Exchange) -> None:
+    """Answers with the method, path, query and body, streamed in two pieces."""
+    exchange.start(200, [(b"content-type", b"text/plain")])
+    exchange.write(f"{exchange.method} {exchange.path} ".encode())
+    exchange.write(exchange.query + b" " + exchange.body)
+    exchange.end()
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One chunked (or length-framed) answer: its head and its de-chunked body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    if b"content-length:" in head.lower():
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        return head, await reader.readexactly(length)
+    body = b""
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+        data = await reader.readexactly(size + 2)
+        if size == 0:
+            return head, body
+        body += data[:-2]
+
+
+def _post(path: bytes, body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (path, len(body), extra, body))  # fmt: skip
+
+
+def test_keep_alive_and_pipelined_requests_are_answered_in_order():
+    async def main() -> None:
+        served = await listen(_echo, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(_post(b"/a%20b?x=1", b"one"))
+        head, body = await _read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in head
+        assert body == b"POST /a b x=1 one"
+        writer.write(_post(b"/2", b"two") + _post(b"/3", b"three"))  # pipelined
+        assert (await _read_answer(reader))[1] == b"POST /2  two"
+        assert (await _read_answer(reader))[1] == b"POST /3  three"
+        writer.close()
+        await served.close()
+
+    _run(main)
+
+
+def test_expect_100_continue_is_answered_before_the_answer():
+    async def main() -> None:
+        served = await listen(_echo, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"POST /e HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n"
+                     b"expect: 100-continue\r\n\r\n")  # fmt: skip
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"ok")
+        assert (await _read_answer(reader))[1] == b"POST /e  ok"
+        writer.close()
+        await served.close()
+
+    _run(main)
+
+
+def test_a_malformed_request_is_a_400_and_a_too_large_body_a_413(monkeypatch):
+    monkeypatch.setattr(listener_module, "MAX_BODY", 10)
+
+    async def main() -> None:
+        served = await listen(_echo, "127.0.0.1", 0)
+        for request, status in ((b"NOT HTTP AT ALL\r\n\r\n", b"400"),
+                                (_post(b"/big", b"x" * 11), b"413")):  # fmt: skip
+            reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            writer.write(request)
+            answer = await reader.read()  # the tap closes the connection after it
+            assert answer.startswith(b"HTTP/1.1 " + status), answer
+            assert b"connection: close" in answer and b'"error"' in answer
+            writer.close()
+        await served.close()
+
+    _run(main)
+
+
+def test_http_1_0_gets_a_body_ended_by_the_close_and_head_gets_no_body():
+    async def main() -> None:
+        served = await listen(_echo, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"POST /old HTTP/1.0\r\ncontent-length: 1\r\n\r\nz")
+        answer = await reader.read()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"chunked" not in head and b"connection: close" in head
+        assert body == b"POST /old  z"
+        writer.close()
+
+        async def head_only(exchange: Exchange) -> None:
+            exchange.start(200, [(b"content-length", b"5")])
+            exchange.write(b"hello")  # not sent: a HEAD answer has no body
+            exchange.end()
+
+        other = await listen(head_only, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", other.port)
+        writer.write(b"HEAD /h HTTP/1.1\r\nhost: t\r\n\r\n" + _post(b"/next", b""))
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        second = await reader.readuntil(b"\r\n\r\n")  # the next answer, not a body
+        assert second.startswith(b"HTTP/1.1 200") and await reader.readexactly(5) == b"hello"
+        writer.close()
+        await served.close()
+        await other.close()
+
+    _run(main)
+
+
+def test_a_client_that_leaves_resolves_gone_and_a_slow_one_pauses_the_source():
+    async def main() -> None:
+        seen: dict[str, object] = {}
+        left = asyncio.Event()
+
+        async def endless(exchange: Exchange) -> None:
+            flow: list[bool] = []
+            exchange.on_flow(lambda: flow.append(True), lambda: flow.append(False))
+            exchange.start(200, [])
+            while not exchange.gone.done() and not flow:
+                exchange.write(b"x" * 65536)  # the client reads nothing
+                await asyncio.sleep(0)
+            seen["paused"] = list(flow)
+            await exchange.gone
+            seen["gone"] = True
+            left.set()
+
+        served = await listen(endless, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port, limit=1024)
+        writer.write(_post(b"/s", b""))
+        await reader.readuntil(b"\r\n\r\n")
+        for _ in range(200):  # until the tap stops writing: its buffer is over the mark
+            if "paused" in seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.transport.abort()
+        await asyncio.wait_for(left.wait(), 5)
+        assert seen == {"paused": [True], "gone": True}
+        await served.close()
+
+    _run(main)
+
+
+def test_an_error_in_the_handler_is_a_500_before_the_answer_and_a_cut_after(caplog):
+    async def main() -> None:
+        async def broken(exchange: Exchange) -> None:
+            if exchange.path == "/late":
+                exchange.start(200, [])
+                exchange.write(b"partial")
+            raise RuntimeError("boom")
+
+        served = await listen(broken, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(_post(b"/early", b""))
+        head, body = await _read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 500") and b"tap internal error" in body
+        writer.write(_post(b"/late", b""))
+        with pytest.raises(asyncio.IncompleteReadError):
+            await _read_answer(reader)  # cut: no terminal chunk
+        writer.close()
+        await served.close()
+
+    _run(main)
