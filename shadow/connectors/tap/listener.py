@@ -56,7 +56,7 @@ class Exchange:
 
     __slots__ = (
         "_bodiless", "_chunked", "_connection", "_pause", "_resume", "body", "ended", "gone",
-        "headers", "keep_alive", "method", "path", "query", "raw_path", "started",
+        "headers", "http_11", "keep_alive", "method", "path", "query", "raw_path", "started",
     )  # fmt: skip
 
     def __init__(
@@ -67,9 +67,12 @@ class Exchange:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         keep_alive: bool,
+        http_11: bool,
     ) -> None:
         self._connection = connection
         self.method = method
+        #: the request was HTTP/1.1 (else 1.0: no chunked answer)
+        self.http_11 = http_11
         parsed = httptools.parse_url(url)
         #: the path as the client wrote it (percent-encoded) and decoded
         self.raw_path: bytes = parsed.path or b"/"
@@ -112,7 +115,7 @@ class Exchange:
             lines.append(name + b": " + value + b"\r\n")
         bodiless = self.method == "HEAD" or status < 200 or status in _NO_BODY_STATUS
         if not length and not bodiless:
-            if connection.http_11:
+            if self.http_11:
                 self._chunked = True
                 lines.append(b"transfer-encoding: chunked\r\n")
             else:  # HTTP/1.0 has no chunks: the connection's end delimits the body
@@ -185,7 +188,7 @@ class _Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self.closed = False
         self.write_paused = False
-        self.http_11 = True
+        self._http_11 = True
 
     # asyncio.Protocol ----------------------------------------------------------------
 
@@ -241,9 +244,9 @@ class _Connection(asyncio.Protocol):
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self.http_11 = self._parser.get_http_version() == "1.1"
+        self._http_11 = self._parser.get_http_version() == "1.1"
         expects = any(k == b"expect" and v.lower() == b"100-continue" for k, v in self._headers)
-        if expects and self.http_11 and self.current is None and not self._queue:
+        if expects and self._http_11 and self.current is None and not self._queue:
             self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -258,7 +261,7 @@ class _Connection(asyncio.Protocol):
             return
         exchange = Exchange(
             self, self._parser.get_method().decode("latin-1"), self._url, self._headers,
-            bytes(self._body), self._parser.should_keep_alive(),
+            bytes(self._body), self._parser.should_keep_alive(), self._http_11,
         )  # fmt: skip
         self._queue.append(exchange)
         if self._runner is None:
