@@ -177,3 +177,93 @@ def test_an_error_in_the_handler_is_a_500_before_the_answer_and_a_cut_after(capl
         await served.close()
 
     _run(main)
+
+
+def test_an_upgrade_is_served_as_plain_http_and_a_bad_request_after_a_good_one_waits():
+    """An h2c upgrade the tap cannot make is answered as HTTP/1.1 (as uvicorn did), then
+    the connection closes; a malformed request pipelined behind a good one is refused
+    only after the good one's answer."""
+
+    async def main() -> None:
+        served = await listen(_echo, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"GET /up HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+                     b"upgrade: h2c\r\nhttp2-settings: AAMAAABk\r\n\r\n")  # fmt: skip
+        head, body = await _read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"GET /up  "
+        assert await reader.read() == b""  # closed after it
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(_post(b"/good", b"g") + b"NOT HTTP\r\n\r\n")
+        head, body = await _read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"POST /good  g"
+        rest = await reader.read()
+        assert rest.startswith(b"HTTP/1.1 400") and b"connection: close" in rest
+        writer.close()
+        await served.close()
+
+    _run(main)
+
+
+def test_a_100_continue_behind_an_answer_is_sent_after_it():
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def slow_first(exchange: Exchange) -> None:
+            if exchange.path == "/first":
+                await release.wait()
+            await _echo(exchange)
+
+        served = await listen(slow_first, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(_post(b"/first", b"1"))
+        await asyncio.sleep(0.05)
+        writer.write(b"POST /second HTTP/1.1\r\nhost: t\r\ncontent-length: 1\r\n"
+                     b"expect: 100-continue\r\n\r\n")  # fmt: skip
+        await asyncio.sleep(0.05)
+        release.set()
+        assert (await _read_answer(reader))[1] == b"POST /first  1"
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"2")
+        assert (await _read_answer(reader))[1] == b"POST /second  2"
+        writer.close()
+        await served.close()
+
+    _run(main)
+
+
+def test_closing_lets_an_answer_in_flight_finish_as_the_last_and_a_silent_handler_is_a_500():
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def handler(exchange: Exchange) -> None:
+            if exchange.path == "/silent":
+                return  # never answers
+            exchange.start(200, [])
+            exchange.write(b"part one ")
+            await release.wait()
+            exchange.write(b"part two")
+            exchange.end()
+
+        served = await listen(handler, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(_post(b"/silent", b""))
+        head, body = await _read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 500") and b"tap internal error" in body
+        writer.write(_post(b"/stream", b""))
+        await reader.readuntil(b"\r\n\r\n")
+        closing = asyncio.ensure_future(served.close(grace_s=5))
+        await asyncio.sleep(0.1)
+        assert not closing.done()  # waits for the answer in flight
+        release.set()
+        size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+        assert (await reader.readexactly(size + 2))[:-2] == b"part one "
+        size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+        assert (await reader.readexactly(size + 2))[:-2] == b"part two"
+        assert await reader.readuntil(b"\r\n\r\n") == b"0\r\n\r\n"
+        assert await reader.read() == b""  # the connection's last answer
+        await asyncio.wait_for(closing, 5)
+        writer.close()
+
+    _run(main)

@@ -227,6 +227,39 @@ def test_a_slow_reader_stops_the_socket_being_read(monkeypatch):
     run(main())
 
 
+def test_stream_to_hands_over_every_byte_and_keeps_a_consumers_pause(monkeypatch):
+    """The relay's way of reading: what was buffered before and what arrives after goes
+    to the receiver in order; a pause the consumer asked for (its client is slow) holds
+    even across `stream_to`, which would otherwise read again, until it resumes."""
+    monkeypatch.setattr(upstream_module, "HIGH_WATER", 4096)
+    monkeypatch.setattr(upstream_module, "LOW_WATER", 1024)
+    part = b"y" * 1000
+
+    async def script(reader, writer, n):
+        writer.write(HEAD + b"\r\n" + _chunked(*[part] * 400))
+
+    async def main():
+        async with Engine(script) as engine:
+            client = UpstreamClient()
+            response = await client.send("POST", engine.url + "/v1/completions", [], b"{}")
+            await asyncio.sleep(0.3)  # past HIGH_WATER: the socket is no longer read
+            connection = response._connection
+            assert not connection._reading and response._buffered > 0
+            received: list[bytes] = []
+            response.pause()  # the consumer's client is slow
+            body = response.stream_to(received.append)
+            assert not connection._reading, "stream_to read again under the consumer's pause"
+            await asyncio.sleep(0.1)
+            assert not body.done()
+            response.resume()
+            await asyncio.wait_for(body, 5)
+            assert b"".join(received) == part * 400
+            await response.aclose()
+            await client.aclose()
+
+    run(main())
+
+
 def test_a_response_left_unread_closes_its_connection():
     async def script(reader, writer, n):
         writer.write(HEAD + b"\r\n" + b"b\r\ndata: one\n\n\r\n")

@@ -105,6 +105,8 @@ class Exchange:
             raise RuntimeError("the answer has started already")
         self.started = True
         connection = self._connection
+        if connection.draining:
+            self.keep_alive = False
         lines = [_status_line(status)]
         length = False
         for name, value in headers:
@@ -189,6 +191,14 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.write_paused = False
         self._http_11 = True
+        #: a request's body is arriving (the idle timer must not cut it)
+        self._in_message = False
+        #: a request's `100 Continue` waits for the answers before it
+        self._continue_pending = False
+        #: answered once what is queued is: (status, reason), then the connection closes
+        self._refusal: tuple[int, bytes] | None = None
+        #: the listener is closing: each answer is the connection's last
+        self.draining = False
 
     # asyncio.Protocol ----------------------------------------------------------------
 
@@ -201,7 +211,12 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(400, b"connection upgrades are not supported by the tap")
+            # an upgrade the tap cannot make (h2c, websocket): a request already read is
+            # answered as plain HTTP/1.1, as uvicorn did; nothing after it can be read
+            if self.busy:
+                self._last_after_queue()
+            else:
+                self._refuse(400, b"connection upgrades are not supported by the tap")
         except httptools.HttpParserError as error:
             self._refuse(400, f"malformed request: {error}".encode("latin-1", "replace"))
 
@@ -233,6 +248,7 @@ class _Connection(asyncio.Protocol):
         self._headers = []
         self._body = bytearray()
         self._too_large = False
+        self._in_message = True
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
@@ -246,8 +262,11 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._http_11 = self._parser.get_http_version() == "1.1"
         expects = any(k == b"expect" and v.lower() == b"100-continue" for k, v in self._headers)
-        if expects and self._http_11 and self.current is None and not self._queue:
-            self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if expects and self._http_11:
+            if self.busy:  # sent once the answers before it are
+                self._continue_pending = True
+            else:
+                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if len(self._body) + len(body) > MAX_BODY:
@@ -256,6 +275,8 @@ class _Connection(asyncio.Protocol):
         self._body += body
 
     def on_message_complete(self) -> None:
+        self._in_message = False
+        self._continue_pending = False
         if self._too_large:
             self._refuse(413, b"request body over %d bytes" % MAX_BODY)
             return
@@ -273,35 +294,55 @@ class _Connection(asyncio.Protocol):
         try:
             while self._queue and not self.closed:
                 exchange = self.current = self._queue.popleft()
+                if self.draining:
+                    exchange.keep_alive = False
                 try:
                     await self._handler(exchange)
                 except Exception:
                     log.exception("tap: answering %s %s", exchange.method, exchange.path)
-                    if not exchange.started:
-                        exchange.respond(500, b'{"error": "tap internal error"}',
-                                         [(b"content-type", b"application/json")])  # fmt: skip
-                    else:
+                    if exchange.started:
                         exchange.abort()
+                if not exchange.started:  # an error, or a handler that never answered
+                    exchange.respond(500, b'{"error": "tap internal error"}',
+                                     [(b"content-type", b"application/json")])  # fmt: skip
                 if not exchange.ended:
                     exchange.end()
                 self.current = None
-                if not exchange.keep_alive:
+                if not exchange.keep_alive or self.draining:
                     self.close()
                     return
+            if self._refusal is not None:
+                self._refuse(*self._refusal)
+            elif self._continue_pending and not self.closed:
+                self._continue_pending = False
+                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         finally:
             self._runner = None
-            if not self.closed and not self._queue:
+            if not self.closed and not self._queue and not self._in_message:
                 self._arm_idle()
 
     def _refuse(self, status: int, reason: bytes) -> None:
-        """A request the tap cannot take: answered (if nothing else is being answered)
-        and the connection closed, since what follows it cannot be framed."""
-        if self.current is None and not self._queue:
-            body = b'{"error": "%s"}' % reason.replace(b'"', b"'")
-            head = b"content-type: application/json\r\nconnection: close\r\n"
-            length = b"content-length: %d\r\n\r\n" % len(body)
-            self.send(_status_line(status) + head + length + body)
+        """A request the tap cannot take: answered after the ones before it, then the
+        connection closed, since what follows it cannot be framed."""
+        if self.busy:
+            self._refusal = (status, reason)
+            if self.transport is not None and not self.closed:
+                self.transport.pause_reading()
+            return
+        body = b'{"error": "%s"}' % reason.replace(b'"', b"'")
+        head = b"content-type: application/json\r\nconnection: close\r\n"
+        length = b"content-length: %d\r\n\r\n" % len(body)
+        self.send(_status_line(status) + head + length + body)
         self.close()
+
+    def _last_after_queue(self) -> None:
+        """Read no more: the answers queued go out, the last saying so, then the
+        connection closes."""
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        last = self._queue[-1] if self._queue else self.current
+        if last is not None:
+            last.keep_alive = False
 
     def _arm_idle(self) -> None:
         if self._idle is not None:
@@ -321,6 +362,10 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.closed = True
             self.transport.abort()
+
+    @property
+    def runner(self) -> asyncio.Task[None] | None:
+        return self._runner
 
     @property
     def busy(self) -> bool:
@@ -344,6 +389,8 @@ class Listener:
         self._server.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
+        for connection in self._connections:
+            connection.draining = True
         while True:
             for connection in list(self._connections):
                 if not connection.busy:
@@ -351,8 +398,16 @@ class Listener:
             if not self._connections or loop.time() >= deadline:
                 break
             await asyncio.sleep(0.05)
+        runners = [c.runner for c in self._connections if c.runner is not None]
         for connection in list(self._connections):
             connection.abort()
+        # the answers cut end (their relays see the client gone); one still waiting for
+        # its engine's head is cancelled, so nothing of it runs after the close
+        if runners:
+            await asyncio.wait(runners, timeout=1.0)
+            for runner in runners:
+                runner.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 1.0)
 

@@ -271,6 +271,10 @@ class TapProxy:
         assert self._client is not None
         try:
             upstream = await self._client.send(exchange.method, url, headers, body)
+        except asyncio.CancelledError:  # the tap is stopping: the request never got an answer
+            if state is not None:
+                self._close(state, client_gone=True)
+            raise
         except UpstreamError as error:
             self.metrics.upstream_errors.labels(engine.worker).inc()
             if state is not None:

@@ -56,6 +56,8 @@ class UpstreamResponse:
         #: `stream_to`'s receiver and its end
         self._receiver: Callable[[bytes], None] | None = None
         self._streamed: asyncio.Future[None] | None = None
+        #: `pause`d by the consumer (its client reads slower): only `resume` reads again
+        self._held = False
 
     # the connection's side ----------------------------------------------------------
 
@@ -77,6 +79,7 @@ class UpstreamResponse:
             self._complete = True
         else:
             self._error = error
+            self._receiver = None  # nothing more of a failed body reaches the receiver
         self._wake()
         streamed = self._streamed
         if streamed is not None and not streamed.done():
@@ -110,7 +113,7 @@ class UpstreamResponse:
                 self._waiter = None
         data = pieces.popleft() if len(pieces) == 1 else _drain(pieces)
         self._buffered -= len(data)
-        if self._buffered < LOW_WATER:
+        if self._buffered < LOW_WATER and not self._held:
             self._connection.resume_reading()
         return data
 
@@ -125,7 +128,8 @@ class UpstreamResponse:
             data = pieces.popleft()
             self._buffered -= len(data)
             self._body_to(receiver, data)
-        self._connection.resume_reading()
+        if not self._held:
+            self._connection.resume_reading()
         if streamed.done():
             return streamed
         if self._error is not None:
@@ -144,9 +148,11 @@ class UpstreamResponse:
             self._connection.close()
 
     def pause(self) -> None:
+        self._held = True
         self._connection.pause_reading()
 
     def resume(self) -> None:
+        self._held = False
         self._connection.resume_reading()
 
     async def aread(self) -> bytes:
