@@ -260,6 +260,45 @@ def test_stream_to_hands_over_every_byte_and_keeps_a_consumers_pause(monkeypatch
     run(main())
 
 
+def test_chunks_that_arrive_together_are_handed_over_together():
+    """Three chunks in one write reach `stream_to`'s receiver as one piece (one write to
+    the client, one accounting pass), whether they were buffered before it or arrive
+    after; the next write's come as another."""
+    gates = [asyncio.Event(), asyncio.Event()]
+
+    def three(tag: bytes) -> bytes:
+        return b"".join(b"3\r\n%s%d%d\r\n" % (tag, i, i) for i in range(3))
+
+    async def script(reader, writer, n):
+        writer.write(HEAD + b"\r\n" + three(b"a"))  # with the head: buffered
+        await writer.drain()
+        await gates[0].wait()
+        writer.write(three(b"b"))  # while streaming: one read, three chunks
+        await writer.drain()
+        await gates[1].wait()
+        writer.write(b"3\r\nend\r\n0\r\n\r\n")
+
+    async def main():
+        async with Engine(script) as engine:
+            client = UpstreamClient()
+            response = await client.send("POST", engine.url + "/v1/completions", [], b"{}")
+            await asyncio.sleep(0.1)
+            received: list[bytes] = []
+            body = response.stream_to(received.append)
+            gates[0].set()
+            for _ in range(100):  # until the second write's read is handed over
+                if len(received) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            gates[1].set()
+            await asyncio.wait_for(body, 5)
+            assert received == [b"a00a11a22", b"b00b11b22", b"end"]
+            await response.aclose()
+            await client.aclose()
+
+    run(main())
+
+
 def test_a_response_left_unread_closes_its_connection():
     async def script(reader, writer, n):
         writer.write(HEAD + b"\r\n" + b"b\r\ndata: one\n\n\r\n")
