@@ -267,3 +267,35 @@ def test_closing_lets_an_answer_in_flight_finish_as_the_last_and_a_silent_handle
         writer.close()
 
     _run(main)
+
+
+def test_a_refusal_keeps_its_place_and_what_follows_it_in_the_same_read_is_not_answered(
+    monkeypatch,
+):
+    """An oversized request pipelined behind an answer in flight, with another request in
+    the same read: the client gets the first answer, then the 413, then the close, never
+    an answer it would take for the refused request's."""
+    monkeypatch.setattr(listener_module, "MAX_BODY", 10)
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def slow_first(exchange: Exchange) -> None:
+            if exchange.path == "/first":
+                await release.wait()
+            await _echo(exchange)
+
+        served = await listen(slow_first, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(_post(b"/first", b"1"))
+        await asyncio.sleep(0.05)
+        writer.write(_post(b"/big", b"x" * 11) + _post(b"/after", b"3"))
+        await asyncio.sleep(0.05)
+        release.set()
+        assert (await _read_answer(reader))[1] == b"POST /first  1"
+        rest = await reader.read()
+        assert rest.startswith(b"HTTP/1.1 413") and b"/after" not in rest
+        writer.close()
+        await served.close()
+
+    _run(main)

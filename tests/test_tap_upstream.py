@@ -299,6 +299,34 @@ def test_chunks_that_arrive_together_are_handed_over_together():
     run(main())
 
 
+def test_a_receiver_failing_on_the_last_read_fails_the_body():
+    """The read that ends the body (vLLM's usage chunk, [DONE] and the terminator come
+    together) is handed over before the end is signalled: a receiver that fails on it
+    fails the body instead of the failure vanishing behind a whole answer."""
+
+    async def script(reader, writer, n):
+        writer.write(HEAD + b"\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"4\r\nlast\r\n0\r\n\r\n")
+
+    async def main():
+        async with Engine(script) as engine:
+            client = UpstreamClient()
+            response = await client.send("POST", engine.url + "/v1/completions", [], b"{}")
+
+            def receiver(data: bytes) -> None:
+                raise ValueError(f"cannot account for {data!r}")
+
+            body = response.stream_to(receiver)
+            with pytest.raises(UpstreamError, match="cannot account"):
+                await asyncio.wait_for(body, 5)
+            await response.aclose()
+            await client.aclose()
+
+    run(main())
+
+
 def test_a_response_left_unread_closes_its_connection():
     async def script(reader, writer, n):
         writer.write(HEAD + b"\r\n" + b"b\r\ndata: one\n\n\r\n")

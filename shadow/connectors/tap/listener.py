@@ -277,6 +277,8 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._in_message = False
         self._continue_pending = False
+        if self._refusal is not None or self.closed:
+            return  # parsed from the read that held a refused request: never answered
         if self._too_large:
             self._refuse(413, b"request body over %d bytes" % MAX_BODY)
             return
@@ -325,7 +327,8 @@ class _Connection(asyncio.Protocol):
         """A request the tap cannot take: answered after the ones before it, then the
         connection closed, since what follows it cannot be framed."""
         if self.busy:
-            self._refusal = (status, reason)
+            if self._refusal is None:  # the first refusal keeps its place in line
+                self._refusal = (status, reason)
             if self.transport is not None and not self.closed:
                 self.transport.pause_reading()
             return

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
+
+log = logging.getLogger(__name__)
 
 #: the socket stops being read while this many bytes wait for the client, and is read
 #: again below LOW_WATER
@@ -75,11 +78,16 @@ class UpstreamResponse:
     def _end(self, error: str | None = None) -> None:
         if self._complete or self._error is not None:
             return
+        # what the read that ends the body brought goes first (the end is parsed before
+        # `_deliver` runs): a receiver failing on it fails the body, it does not vanish
+        self._deliver()
+        if self._complete or self._error is not None:
+            return
         if error is None:
             self._complete = True
         else:
             self._error = error
-            self._receiver = None  # nothing more of a failed body reaches the receiver
+        self._receiver = None  # nothing after the end (or of a failed body) is relayed
         self._wake()
         streamed = self._streamed
         if streamed is not None and not streamed.done():
@@ -155,6 +163,7 @@ class UpstreamResponse:
         try:
             receiver(data)
         except Exception as error:  # the receiver's failure ends the stream, not the loop
+            log.exception("tap: relaying a piece of the engine's answer")
             self._end(f"the tap failed on a chunk: {error!r}")
             self._connection.close()
 
