@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from shadow.connectors.tap import listener as listener_module
-from shadow.connectors.tap.listener import Exchange, listen
+from shadow.connectors.tap.listener import Exchange, Listener, listen
 
 
 def _run(main: Callable[[], Awaitable[None]]) -> None:
@@ -43,6 +43,24 @@ async def _read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
 def _post(path: bytes, body: bytes, extra: bytes = b"") -> bytes:
     return (b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n%s\r\n%s"
             % (path, len(body), extra, body))  # fmt: skip
+
+
+async def _first_in_flight(
+    release: asyncio.Event,
+) -> tuple[Listener, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A listener echoing requests, and a connection whose `/first` request is being
+    answered until `release` is set."""
+
+    async def first_waits(exchange: Exchange) -> None:
+        if exchange.path == "/first":
+            await release.wait()
+        await _echo(exchange)
+
+    served = await listen(first_waits, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    writer.write(_post(b"/first", b"1"))
+    await asyncio.sleep(0.05)
+    return served, reader, writer
 
 
 def test_keep_alive_and_pipelined_requests_are_answered_in_order():
@@ -209,16 +227,7 @@ def test_an_upgrade_is_served_as_plain_http_and_a_bad_request_after_a_good_one_w
 def test_a_100_continue_behind_an_answer_is_sent_after_it():
     async def main() -> None:
         release = asyncio.Event()
-
-        async def slow_first(exchange: Exchange) -> None:
-            if exchange.path == "/first":
-                await release.wait()
-            await _echo(exchange)
-
-        served = await listen(slow_first, "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        writer.write(_post(b"/first", b"1"))
-        await asyncio.sleep(0.05)
+        served, reader, writer = await _first_in_flight(release)
         writer.write(b"POST /second HTTP/1.1\r\nhost: t\r\ncontent-length: 1\r\n"
                      b"expect: 100-continue\r\n\r\n")  # fmt: skip
         await asyncio.sleep(0.05)
@@ -279,16 +288,7 @@ def test_a_refusal_keeps_its_place_and_what_follows_it_in_the_same_read_is_not_a
 
     async def main() -> None:
         release = asyncio.Event()
-
-        async def slow_first(exchange: Exchange) -> None:
-            if exchange.path == "/first":
-                await release.wait()
-            await _echo(exchange)
-
-        served = await listen(slow_first, "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        writer.write(_post(b"/first", b"1"))
-        await asyncio.sleep(0.05)
+        served, reader, writer = await _first_in_flight(release)
         writer.write(_post(b"/big", b"x" * 11) + _post(b"/after", b"3"))
         await asyncio.sleep(0.05)
         release.set()
