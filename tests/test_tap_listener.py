@@ -299,3 +299,62 @@ def test_a_refusal_keeps_its_place_and_what_follows_it_in_the_same_read_is_not_a
         await served.close()
 
     _run(main)
+
+
+def test_a_pipelining_client_is_read_no_further_than_max_queued_ahead(monkeypatch):
+    """Twenty requests pipelined one write at a time behind an answer in flight: the tap
+    holds at most `MAX_QUEUED` of them (it stops reading the client) and answers all
+    twenty in order once the first ends."""
+    monkeypatch.setattr(listener_module, "MAX_QUEUED", 3)
+
+    async def main() -> None:
+        release = asyncio.Event()
+        served, reader, writer = await _first_in_flight(release)
+        (connection,) = served._connections
+        deepest = 0
+        for index in range(20):
+            writer.write(_post(b"/%d" % index, b"x"))
+            await asyncio.sleep(0.01)
+            deepest = max(deepest, len(connection._queue))
+        assert deepest == 3
+        release.set()
+        assert (await _read_answer(reader))[1] == b"POST /first  1"
+        for index in range(20):
+            assert (await _read_answer(reader))[1] == b"POST /%d  x" % index
+        writer.close()
+        await served.close()
+
+    _run(main)
+
+
+def test_a_request_whose_bytes_stop_arriving_is_a_408_and_a_slow_steady_one_is_not(
+    monkeypatch,
+):
+    monkeypatch.setattr(listener_module, "STALLED_REQUEST_S", 0.3)
+
+    async def main() -> None:
+        served = await listen(_echo, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        whole = _post(b"/slow", b"0123456789")
+        for start in range(0, len(whole), 8):  # 8 bytes every 0.1 s: slow, never quiet
+            writer.write(whole[start : start + 8])
+            await asyncio.sleep(0.1)
+        assert (await _read_answer(reader))[1] == b"POST /slow  0123456789"
+        writer.write(whole[:-7])  # the headers and 3 bytes of the body, then nothing
+        rest = await asyncio.wait_for(reader.read(), 3)
+        assert rest.startswith(b"HTTP/1.1 408") and b"no bytes for" in rest
+        writer.close()
+
+        # stalled behind an answer in flight: the 408 comes after that answer
+        release = asyncio.Event()
+        held, reader, writer = await _first_in_flight(release)
+        writer.write(b"POST /stuck HTTP/1.1\r\nhost: t\r\n")
+        await asyncio.sleep(0.6)
+        release.set()
+        assert (await _read_answer(reader))[1] == b"POST /first  1"
+        assert (await asyncio.wait_for(reader.read(), 3)).startswith(b"HTTP/1.1 408")
+        writer.close()
+        await served.close()
+        await held.close()
+
+    _run(main)

@@ -9,7 +9,9 @@ upstream here, the relay alone (no token accounting) cost 44 us a chunk this way
 107-125 us for the whole tap through uvicorn, 59% of which was the interpreter (perf).
 
 What it does and no more: keep-alive (idle connections closed after `IDLE_TIMEOUT_S`),
-pipelined requests answered in order, `Expect: 100-continue` answered, bodies up to
+pipelined requests answered in order (reading paused while `MAX_QUEUED` wait), a request
+whose bytes stop arriving for `STALLED_REQUEST_S` answered 408, `Expect: 100-continue`
+answered, bodies up to
 `MAX_BODY` bytes (413 above), a malformed request answered 400 and the connection closed,
 answers framed by their `content-length` or else chunked (HTTP/1.0: by the connection's
 end), no body for HEAD, 1xx, 204 and 304. A client that leaves resolves its exchange's
@@ -36,6 +38,12 @@ log = logging.getLogger(__name__)
 MAX_BODY = 64 << 20
 #: an idle keep-alive connection is closed after this (uvicorn's setting the tap used)
 IDLE_TIMEOUT_S = 120.0
+#: requests read and waiting behind the answer in flight; at this many the tap reads no
+#: more from the client until one is answered (a pipelining client's memory stays bounded)
+MAX_QUEUED = 8
+#: a request whose bytes stop arriving for this long is refused (408): without it a client
+#: that sends headers and stalls holds its connection and buffers for ever
+STALLED_REQUEST_S = 60.0
 #: how long `Listener.close` lets answers in flight finish before cutting them
 CLOSE_GRACE_S = 10.0
 
@@ -199,6 +207,13 @@ class _Connection(asyncio.Protocol):
         self._refusal: tuple[int, bytes] | None = None
         #: the listener is closing: each answer is the connection's last
         self.draining = False
+        #: reading is paused until the queue drains (`MAX_QUEUED`), not for good
+        self._queue_full = False
+        #: reading is stopped for good (a refusal or an upgrade): nothing more is parsed
+        self._reading_stopped = False
+        #: when the client's last bytes arrived, and the timer watching a request's arrival
+        self._last_read = 0.0
+        self._stall: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol ----------------------------------------------------------------
 
@@ -208,6 +223,7 @@ class _Connection(asyncio.Protocol):
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
+        self._last_read = asyncio.get_running_loop().time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -225,6 +241,8 @@ class _Connection(asyncio.Protocol):
         self._connections.discard(self)
         if self._idle is not None:
             self._idle.cancel()
+        if self._stall is not None:
+            self._stall.cancel()
         if self.current is not None and not self.current.ended:
             self.current._client_gone()
         for waiting in self._queue:
@@ -252,6 +270,9 @@ class _Connection(asyncio.Protocol):
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
+        if self._stall is None:
+            loop = asyncio.get_running_loop()
+            self._stall = loop.call_later(STALLED_REQUEST_S, self._check_stalled)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -277,6 +298,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._in_message = False
         self._continue_pending = False
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         if self._refusal is not None or self.closed:
             return  # parsed from the read that held a refused request: never answered
         if self._too_large:
@@ -287,6 +311,9 @@ class _Connection(asyncio.Protocol):
             bytes(self._body), self._parser.should_keep_alive(), self._http_11,
         )  # fmt: skip
         self._queue.append(exchange)
+        if len(self._queue) >= MAX_QUEUED and not self._queue_full:
+            self._queue_full = True
+            self._pause_reading()
         if self._runner is None:
             self._runner = asyncio.get_running_loop().create_task(self._run())
 
@@ -296,6 +323,11 @@ class _Connection(asyncio.Protocol):
         try:
             while self._queue and not self.closed:
                 exchange = self.current = self._queue.popleft()
+                if self._queue_full and len(self._queue) < MAX_QUEUED:
+                    self._queue_full = False
+                    if not self._reading_stopped and not self.closed:
+                        self._last_read = asyncio.get_running_loop().time()
+                        self.transport.resume_reading()  # type: ignore[union-attr]
                 if self.draining:
                     exchange.keep_alive = False
                 try:
@@ -329,8 +361,7 @@ class _Connection(asyncio.Protocol):
         if self.busy:
             if self._refusal is None:  # the first refusal keeps its place in line
                 self._refusal = (status, reason)
-            if self.transport is not None and not self.closed:
-                self.transport.pause_reading()
+            self._stop_reading()
             return
         body = b'{"error": "%s"}' % reason.replace(b'"', b"'")
         head = b"content-type: application/json\r\nconnection: close\r\n"
@@ -341,11 +372,33 @@ class _Connection(asyncio.Protocol):
     def _last_after_queue(self) -> None:
         """Read no more: the answers queued go out, the last saying so, then the
         connection closes."""
-        if self.transport is not None and not self.closed:
-            self.transport.pause_reading()
+        self._stop_reading()
         last = self._queue[-1] if self._queue else self.current
         if last is not None:
             last.keep_alive = False
+
+    def _stop_reading(self) -> None:
+        self._reading_stopped = True
+        self._pause_reading()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.closed and self.transport.is_reading():
+            self.transport.pause_reading()
+
+    def _check_stalled(self) -> None:
+        """A request began and has not ended: refuse it if its bytes stopped arriving for
+        `STALLED_REQUEST_S` (time spent with reading paused by the tap is not counted)."""
+        self._stall = None
+        if not self._in_message or self.closed or self._reading_stopped:
+            return
+        loop = asyncio.get_running_loop()
+        quiet = loop.time() - self._last_read
+        if self._queue_full or quiet < STALLED_REQUEST_S:
+            wait = STALLED_REQUEST_S if self._queue_full else STALLED_REQUEST_S - quiet
+            self._stall = loop.call_later(max(wait, 0.01), self._check_stalled)
+            return
+        self._in_message = False
+        self._refuse(408, b"request not received whole: no bytes for %d s" % STALLED_REQUEST_S)
 
     def _arm_idle(self) -> None:
         if self._idle is not None:
