@@ -4,6 +4,7 @@ worker processes too (the audit and the window replays run there)."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -28,6 +29,16 @@ class SlowJoinShortestQueue(JoinShortestQueuePolicy):
         until = time.thread_time() + SLOW_ROUND_S
         while time.thread_time() < until:
             pass
+        return super().admit(snapshot, pool)
+
+
+@register_policy("collected-jsq")
+class CollectedJoinShortestQueue(JoinShortestQueuePolicy):
+    """JSQ, with a full garbage collection inside each round, as one due at the round's
+    allocations would run there: the audit process's cost, which the audit leaves out."""
+
+    def admit(self, snapshot: FleetSnapshot, pool: ReadyPool):
+        gc.collect()
         return super().admit(snapshot, pool)
 
 

@@ -12,6 +12,7 @@ observed fleet must still be read step for step.
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import numpy as np
@@ -206,3 +207,30 @@ def test_a_round_past_the_timeout_is_a_counted_error():
     assert [policy for policy, _ in round_.errors] == ["slow-jsq"]
     assert "timed out" in round_.errors[0][1] and round_.latency["slow-jsq"] >= 6.0
     assert round_.choices["slow-jsq"] == round_.choices["jsq-pool"] == {"r1": "1", "r2": "0"}
+
+
+def test_a_collection_inside_a_round_is_not_the_policys_time():
+    """A garbage collection that runs inside a policy's round walks the audit process's
+    heap: it is left out of the round's time, so it neither times the policy out nor
+    counts in its latency. The policy's own computation still does (the test above)."""
+    import gc
+
+    from shadow.policies import FleetSnapshot, ReadyPool
+    from shadow.policies.snapshot import ActiveSet
+    from shadow.stream.audit import AuditConfig, Auditor
+
+    heap = [[i] for i in range(1_000_000)]  # a heap a collection takes tens of ms to walk
+    started = time.thread_time()
+    gc.collect()
+    walk_ms = (time.thread_time() - started) * 1000.0
+    assert walk_ms > 10.0, f"the heap is walked in {walk_ms:.1f} ms: too fast to tell"
+    snapshot = FleetSnapshot.from_active([4, 4], ActiveSet.from_arrays([0], [100], [3]))
+    pool = ReadyPool.from_arrays(["r1", "r2"], [50, 60])
+    auditor = Auditor(
+        "f", AuditConfig(policies=("jsq-pool", "collected-jsq"), decision_timeout_ms=5.0)
+    )
+    round_ = auditor.run_round(0.0, snapshot, pool)
+    assert round_.errors == [], round_.errors
+    assert round_.latency["collected-jsq"] < walk_ms / 4, (round_.latency, walk_ms)
+    assert round_.choices["collected-jsq"] == round_.choices["jsq-pool"]
+    del heap

@@ -11,10 +11,11 @@ snapshot as the round's first dispatch saw them (dispatches at one timestamp are
 round), with everything the policy computes (BR-H's projection too) inside the timer. The
 timer is the thread's CPU time: a policy is pure computation, and on a shared machine
 wall time measures the neighbours (the same brh-survival rounds of a 10,000-request
-replay: wall P99 12.4 ms, CPU P99 0.18 ms, on 2 busy cores). The
-round's time is its first decision's `latency_ms` (the others of the round carry None, so
-the P99 is over rounds), and each request's choice is where the policy's round put it
-(None: the policy held it). A policy that raises, or takes longer than
+replay: wall P99 12.4 ms, CPU P99 0.18 ms, on 2 busy cores), less any garbage
+collection that ran meanwhile (the audit process's heap, not the policy's:
+`stream.gc_time`). The round's time is its first decision's `latency_ms` (the others
+of the round carry None, so the P99 is over rounds), and each request's choice is where
+the policy's round put it (None: the policy held it). A policy that raises, or takes longer than
 `decision_timeout_ms`, is a counted error (`AuditOutcome.errors`), never a crash.
 
 The audit runs in an `AuditFollower`: it follows the applied event stream with its own
@@ -46,6 +47,7 @@ from shadow.policies import (
 from shadow.policies.snapshot import NO_KEY
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.stream.fleet import FleetCore
+from shadow.stream.gc_time import collection_seconds, watch_collections
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.items import DispatchItem, StreamItem, decode_stream
 from shadow.stream.projection import MaintainedProjection
@@ -168,6 +170,7 @@ class Auditor:
         predictor: SurvivalPredictor | None = None,
     ) -> None:
         """`predictor` learns from the fleet's completed requests (the mirror's own)."""
+        watch_collections()
         self.fleet = fleet
         self.config = config or AuditConfig()
         self.predictor = predictor if predictor is not None else SurvivalPredictor()
@@ -218,7 +221,7 @@ class Auditor:
         projection: np.ndarray | None = None
         for name, policy in self.policies.items():
             placed: dict[str, str] = {}
-            started = time.thread_time()
+            started, collecting = time.thread_time(), collection_seconds()
             try:
                 # a router with worker queues dispatches to a full worker too (it queues)
                 queues = policy.dispatches_on_arrival
@@ -233,7 +236,10 @@ class Auditor:
             except Exception as error:  # a candidate's bug is evidence, not a crash
                 admitted = []
                 errors.append((name, f"raised {type(error).__name__}: {error}"[:500]))
-            elapsed = (time.thread_time() - started) * 1000.0
+            # the policy's own CPU time: a collection that ran meanwhile is the audit
+            # process's (its heap), not the policy's (`stream.gc_time`)
+            spent = time.thread_time() - started - (collection_seconds() - collecting)
+            elapsed = spent * 1000.0
             latency[name] = elapsed
             if elapsed > timeout:
                 errors.append((name, f"timed out: {elapsed:.1f} ms > {timeout:g} ms"))
