@@ -6,7 +6,10 @@ at G = 256, ~165,000 requests in the ingest process and as many in the audit rep
 objects (a `__slots__` record, its dict entry, the id string and the boxed numbers) that
 was ~400 bytes a request, 13 MiB a minute per process until the first ones were forgotten.
 Here a request is a row of fixed-width columns in chunks, found by the 64-bit hash of its
-id: ~70 bytes, and no Python object per request.
+id, and no Python object per request: ~51 bytes a request with 100,000 held (the counts
+in 32 bits, the reason a one-byte code into the reasons seen; a count past 32 bits, which
+the event schema allows, or a reason past the 254 codes is kept beside its row,
+flagged). With every column 64-bit and the reason an object pointer it was ~74.
 
 The id itself is not kept, so the finished requests cannot be listed, only looked up;
 nothing needs to list them. Two ids with the same 64-bit hash would be taken for one
@@ -30,23 +33,28 @@ if TYPE_CHECKING:
 
 #: rows per chunk: a chunk is dropped whole once all its rows are forgotten
 CHUNK_ROWS = 4096
-#: columns of `_Chunk.ints`
-_PROMPT_KEY, _FINISH_REF, _PROMPT_TOKENS, _OUTPUT_TOKENS, _PROGRESS_SEEN = range(5)
-#: bits of `_Chunk.flags`
-_ESTIMATED, _NO_FINISH_TS, _NO_OUTPUT, _FORGOTTEN = 1, 2, 4, 8
-#: distinct finish reasons shared by reference (beyond that a row keeps its own string)
-_REASONS_SHARED = 1024
+#: columns of `_Chunk.keys` (64-bit) and of `_Chunk.counts` (32-bit)
+_PROMPT_KEY, _FINISH_REF = range(2)
+_PROMPT_TOKENS, _OUTPUT_TOKENS, _PROGRESS_SEEN = range(3)
+#: bits of `_Chunk.flags` (`_WIDE`: the row's counts are in `FinishedLedger._wide`)
+_ESTIMATED, _NO_FINISH_TS, _NO_OUTPUT, _FORGOTTEN, _WIDE = 1, 2, 4, 8, 16
+#: reason codes: 0 is None, 1.._REASON_CODES - 1 index the reasons seen, `_OWN_REASON`
+#: keeps the row's reason in `FinishedLedger._own_reasons` (past 254 distinct ones)
+_REASON_CODES = 255
+_OWN_REASON = 255
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 class _Chunk:
     """`CHUNK_ROWS` rows in the order they were added."""
 
-    __slots__ = ("flags", "ints", "left_ts", "reasons", "size", "unforgotten_min")
+    __slots__ = ("counts", "flags", "keys", "left_ts", "reasons", "size", "unforgotten_min")
 
     def __init__(self) -> None:
         self.left_ts = np.empty(CHUNK_ROWS, dtype=np.float64)
-        self.ints = np.empty((CHUNK_ROWS, 5), dtype=np.int64)
-        self.reasons = np.empty(CHUNK_ROWS, dtype=object)
+        self.keys = np.empty((CHUNK_ROWS, 2), dtype=np.int64)
+        self.counts = np.empty((CHUNK_ROWS, 3), dtype=np.int32)
+        self.reasons = np.zeros(CHUNK_ROWS, dtype=np.uint8)
         self.flags = np.zeros(CHUNK_ROWS, dtype=np.uint8)
         self.size = 0
         #: the earliest `left_ts` of its rows not yet forgotten (inf: none)
@@ -74,13 +82,15 @@ class FinishedRequest:
     def _at(self) -> tuple[_Chunk, int]:
         return self._ledger._locate(self._row)
 
-    def _int(self, column: int) -> int:
+    def _count(self, column: int) -> int:
         chunk, i = self._at()
-        return int(chunk.ints[i, column])
+        if chunk.flags[i] & _WIDE:
+            return self._ledger._wide[self._row][column]
+        return int(chunk.counts[i, column])
 
-    def _set_int(self, column: int, value: int) -> None:
+    def _set_count(self, column: int, value: int) -> None:
         chunk, i = self._at()
-        chunk.ints[i, column] = value
+        self._ledger._set_count(chunk, i, self._row, column, value)
 
     def _flag(self, bit: int) -> bool:
         chunk, i = self._at()
@@ -99,30 +109,35 @@ class FinishedRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        return self._int(_PROMPT_TOKENS)
+        return self._count(_PROMPT_TOKENS)
 
     @property
     def prompt_key(self) -> int:
-        return self._int(_PROMPT_KEY)
+        chunk, i = self._at()
+        return int(chunk.keys[i, _PROMPT_KEY])
 
     @property
     def finish_ref(self) -> int:
         """The caller's reference to the finish that finished it (the ingest id)."""
-        return self._int(_FINISH_REF)
+        chunk, i = self._at()
+        return int(chunk.keys[i, _FINISH_REF])
 
     @property
     def reason(self) -> str | None:
         chunk, i = self._at()
-        return chunk.reasons[i]
+        code = int(chunk.reasons[i])
+        if code == _OWN_REASON:
+            return self._ledger._own_reasons[self._row]
+        return self._ledger._reason_names[code]
 
     @property
     def output_tokens(self) -> int | None:
-        return None if self._flag(_NO_OUTPUT) else self._int(_OUTPUT_TOKENS)
+        return None if self._flag(_NO_OUTPUT) else self._count(_OUTPUT_TOKENS)
 
     @output_tokens.setter
     def output_tokens(self, value: int) -> None:
+        self._set_count(_OUTPUT_TOKENS, value)
         chunk, i = self._at()
-        chunk.ints[i, _OUTPUT_TOKENS] = value
         chunk.flags[i] &= ~np.uint8(_NO_OUTPUT)
 
     @property
@@ -142,11 +157,11 @@ class FinishedRequest:
     def progress_seen(self) -> int:
         """The highest progress count the ingest received for it, kept with it for its
         de-duplication (`service.ingest.progress_seen`); -1: none."""
-        return self._int(_PROGRESS_SEEN)
+        return self._count(_PROGRESS_SEEN)
 
     @progress_seen.setter
     def progress_seen(self, value: int) -> None:
-        self._set_int(_PROGRESS_SEEN, value)
+        self._set_count(_PROGRESS_SEEN, value)
 
 
 class FinishedLedger:
@@ -159,11 +174,18 @@ class FinishedLedger:
         self._next_row = 0
         #: hash -> row of the rows of the last chunk (the one being filled)
         self._open: dict[int, int] = {}
-        #: hash and row of the full chunks' rows, by hash (equal hashes: oldest first)
+        #: hash and row (less `_rows_base`) of the full chunks' rows, by hash (equal
+        #: hashes: oldest first)
         self._hashes = np.empty(0, dtype=np.int64)
-        self._rows = np.empty(0, dtype=np.int64)
+        self._rows = np.empty(0, dtype=np.int32)
+        self._rows_base = 0
         self._held = 0
-        self._reasons: dict[str, str] = {}
+        #: reason code -> reason (code 0: None), and reason -> code
+        self._reason_names: list[str | None] = [None]
+        self._reason_codes: dict[str, int] = {}
+        #: row -> its reason, for rows coded `_OWN_REASON`; row -> its counts, for `_WIDE`
+        self._own_reasons: dict[int, str] = {}
+        self._wide: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         """Rows held and not yet forgotten."""
@@ -201,12 +223,10 @@ class FinishedLedger:
         chunk.size += 1
         chunk.left_ts[i] = left_ts
         chunk.unforgotten_min = min(chunk.unforgotten_min, left_ts)
-        ints = chunk.ints[i]
-        ints[_PROMPT_KEY] = prompt_key
-        ints[_FINISH_REF] = finish_ref
-        ints[_PROMPT_TOKENS] = prompt_tokens
-        ints[_OUTPUT_TOKENS] = 0 if output_tokens is None else output_tokens
-        ints[_PROGRESS_SEEN] = progress_seen
+        row = self._next_row
+        keys = chunk.keys[i]
+        keys[_PROMPT_KEY] = prompt_key
+        keys[_FINISH_REF] = finish_ref
         flags = 0
         if estimated:
             flags |= _ESTIMATED
@@ -214,26 +234,61 @@ class FinishedLedger:
             flags |= _NO_FINISH_TS
         if output_tokens is None:
             flags |= _NO_OUTPUT
+            output_tokens = 0
+        low, high = _INT32_MIN, _INT32_MAX
+        if (
+            low <= prompt_tokens <= high
+            and low <= output_tokens <= high
+            and low <= progress_seen <= high
+        ):
+            counts = chunk.counts[i]
+            counts[_PROMPT_TOKENS] = prompt_tokens
+            counts[_OUTPUT_TOKENS] = output_tokens
+            counts[_PROGRESS_SEEN] = progress_seen
+        else:
+            flags |= _WIDE
+            self._wide[row] = [prompt_tokens, output_tokens, progress_seen]
         chunk.flags[i] = flags
-        if reason is not None:
-            shared = self._reasons.get(reason)
-            if shared is not None:
-                reason = shared
-            elif len(self._reasons) < _REASONS_SHARED:
-                self._reasons[reason] = reason
-        chunk.reasons[i] = reason
-        self._open[hash(request_id)] = self._next_row
+        code = 0 if reason is None else self._reason_codes.get(reason)
+        chunk.reasons[i] = self._reason_code(reason, row) if code is None else code
+        self._open[hash(request_id)] = row
         self._next_row += 1
         self._held += 1
+
+    def _reason_code(self, reason: str | None, row: int) -> int:
+        if reason is None:
+            return 0
+        code = self._reason_codes.get(reason)
+        if code is None:
+            if len(self._reason_names) < _REASON_CODES:
+                code = self._reason_codes[reason] = len(self._reason_names)
+                self._reason_names.append(reason)
+            else:  # a stream of ever new reasons: each row keeps its own
+                self._own_reasons[row] = reason
+                return _OWN_REASON
+        return code
+
+    def _set_count(self, chunk: _Chunk, i: int, row: int, column: int, value: int) -> None:
+        if chunk.flags[i] & _WIDE:
+            self._wide[row][column] = value
+        elif _INT32_MIN <= value <= _INT32_MAX:
+            chunk.counts[i, column] = value
+        else:
+            counts = [int(count) for count in chunk.counts[i]]
+            counts[column] = value
+            self._wide[row] = counts
+            chunk.flags[i] |= np.uint8(_WIDE)
 
     def _seal(self) -> None:
         """The last chunk is full: its rows join the sorted index (rows of dropped
         chunks leave it here)."""
-        keep = self._rows >= self._first_row
+        rows = self._rows.astype(np.int64) + self._rows_base
+        keep = rows >= self._first_row
         hashes = np.concatenate((self._hashes[keep], np.fromiter(self._open.keys(), np.int64)))
-        rows = np.concatenate((self._rows[keep], np.fromiter(self._open.values(), np.int64)))
+        rows = np.concatenate((rows[keep], np.fromiter(self._open.values(), np.int64)))
         order = np.argsort(hashes, kind="stable")
-        self._hashes, self._rows = hashes[order], rows[order]
+        self._rows_base = self._first_row
+        self._hashes, self._rows = hashes[order], (rows[order] - self._rows_base).astype(np.int32)
         self._open = {}
 
     def _row_of(self, request_id: str) -> int | None:
@@ -244,7 +299,7 @@ class FinishedLedger:
             at = int(hashes.searchsorted(key, "right")) - 1
             if at < 0 or hashes[at] != key:
                 return None
-            row = int(self._rows[at])
+            row = int(self._rows[at]) + self._rows_base
             if row < self._first_row:
                 return None
         chunk, i = self._locate(row)
@@ -275,6 +330,10 @@ class FinishedLedger:
         while len(chunks) > 1 and chunks[0].unforgotten_min == float("inf"):
             chunks.popleft()
             self._first_row += CHUNK_ROWS
+        for beside in (self._wide, self._own_reasons):
+            if beside:
+                for row in [row for row in beside if row < self._first_row]:
+                    del beside[row]
         self._held -= forgotten
         return forgotten
 
