@@ -224,13 +224,17 @@ def test_an_upgrade_is_served_as_plain_http_and_a_bad_request_after_a_good_one_w
     _run(main)
 
 
-def test_a_100_continue_behind_an_answer_is_sent_after_it():
+def test_a_100_continue_behind_an_answer_is_sent_after_it(monkeypatch):
+    """Sent once the answer ahead ends; the wait for it, longer than the stall limit
+    here, is the tap's doing and never a 408."""
+    monkeypatch.setattr(listener_module, "STALLED_REQUEST_S", 0.3)
+
     async def main() -> None:
         release = asyncio.Event()
         served, reader, writer = await _first_in_flight(release)
         writer.write(b"POST /second HTTP/1.1\r\nhost: t\r\ncontent-length: 1\r\n"
                      b"expect: 100-continue\r\n\r\n")  # fmt: skip
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.7)
         release.set()
         assert (await _read_answer(reader))[1] == b"POST /first  1"
         assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -330,13 +334,13 @@ def test_a_pipelining_client_is_read_no_further_than_max_queued_ahead(monkeypatc
 def test_a_request_whose_bytes_stop_arriving_is_a_408_and_a_slow_steady_one_is_not(
     monkeypatch,
 ):
-    monkeypatch.setattr(listener_module, "STALLED_REQUEST_S", 0.3)
+    monkeypatch.setattr(listener_module, "STALLED_REQUEST_S", 0.5)
 
     async def main() -> None:
         served = await listen(_echo, "127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
         whole = _post(b"/slow", b"0123456789")
-        for start in range(0, len(whole), 8):  # 8 bytes every 0.1 s: slow, never quiet
+        for start in range(0, len(whole), 8):  # 8 bytes every 0.1 s: slow, never quiet for long
             writer.write(whole[start : start + 8])
             await asyncio.sleep(0.1)
         assert (await _read_answer(reader))[1] == b"POST /slow  0123456789"
@@ -349,12 +353,34 @@ def test_a_request_whose_bytes_stop_arriving_is_a_408_and_a_slow_steady_one_is_n
         release = asyncio.Event()
         held, reader, writer = await _first_in_flight(release)
         writer.write(b"POST /stuck HTTP/1.1\r\nhost: t\r\n")
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(1.0)
         release.set()
         assert (await _read_answer(reader))[1] == b"POST /first  1"
         assert (await asyncio.wait_for(reader.read(), 3)).startswith(b"HTTP/1.1 408")
         writer.close()
         await served.close()
         await held.close()
+
+    _run(main)
+
+
+def test_time_with_reading_paused_by_the_tap_is_no_stall(monkeypatch):
+    """A request begun in the read that filled the queue waits, unread, for longer than
+    the stall limit while the answer ahead runs: it is answered, not refused 408."""
+    monkeypatch.setattr(listener_module, "MAX_QUEUED", 2)
+    monkeypatch.setattr(listener_module, "STALLED_REQUEST_S", 0.3)
+
+    async def main() -> None:
+        release = asyncio.Event()
+        served, reader, writer = await _first_in_flight(release)
+        third = _post(b"/4", b"four")
+        writer.write(_post(b"/2", b"x") + _post(b"/3", b"x") + third[:20])
+        await asyncio.sleep(0.8)
+        release.set()
+        writer.write(third[20:])
+        for path in (b"/first  1", b"/2  x", b"/3  x", b"/4  four"):
+            assert (await _read_answer(reader))[1] == b"POST " + path
+        writer.close()
+        await served.close()
 
     _run(main)

@@ -39,7 +39,9 @@ MAX_BODY = 64 << 20
 #: an idle keep-alive connection is closed after this (uvicorn's setting the tap used)
 IDLE_TIMEOUT_S = 120.0
 #: requests read and waiting behind the answer in flight; at this many the tap reads no
-#: more from the client until one is answered (a pipelining client's memory stays bounded)
+#: more from the client until one is answered. The check runs as each request completes,
+#: so what one read already brought is still queued: a pipelining client is held to this
+#: many requests plus one read's worth (and each body to `MAX_BODY`)
 MAX_QUEUED = 8
 #: a request whose bytes stop arriving for this long is refused (408): without it a client
 #: that sends headers and stalls holds its connection and buffers for ever
@@ -325,7 +327,7 @@ class _Connection(asyncio.Protocol):
                 exchange = self.current = self._queue.popleft()
                 if self._queue_full and len(self._queue) < MAX_QUEUED:
                     self._queue_full = False
-                    if not self._reading_stopped and not self.closed:
+                    if not (self._reading_stopped or self.closed or self.draining):
                         self._last_read = asyncio.get_running_loop().time()
                         self.transport.resume_reading()  # type: ignore[union-attr]
                 if self.draining:
@@ -349,6 +351,7 @@ class _Connection(asyncio.Protocol):
                 self._refuse(*self._refusal)
             elif self._continue_pending and not self.closed:
                 self._continue_pending = False
+                self._last_read = asyncio.get_running_loop().time()  # its body starts now
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         finally:
             self._runner = None
@@ -387,14 +390,16 @@ class _Connection(asyncio.Protocol):
 
     def _check_stalled(self) -> None:
         """A request began and has not ended: refuse it if its bytes stopped arriving for
-        `STALLED_REQUEST_S` (time spent with reading paused by the tap is not counted)."""
+        `STALLED_REQUEST_S`. Not counted: time with reading paused by the tap, and time a
+        client waits for the `100 Continue` the tap holds back behind an answer."""
         self._stall = None
         if not self._in_message or self.closed or self._reading_stopped:
             return
         loop = asyncio.get_running_loop()
         quiet = loop.time() - self._last_read
-        if self._queue_full or quiet < STALLED_REQUEST_S:
-            wait = STALLED_REQUEST_S if self._queue_full else STALLED_REQUEST_S - quiet
+        held = self._queue_full or self._continue_pending
+        if held or quiet < STALLED_REQUEST_S:
+            wait = STALLED_REQUEST_S if held else STALLED_REQUEST_S - quiet
             self._stall = loop.call_later(max(wait, 0.01), self._check_stalled)
             return
         self._in_message = False
