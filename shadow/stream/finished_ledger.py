@@ -39,7 +39,8 @@ _PROMPT_TOKENS, _OUTPUT_TOKENS, _PROGRESS_SEEN = range(3)
 #: bits of `_Chunk.flags` (`_WIDE`: the row's counts are in `FinishedLedger._wide`)
 _ESTIMATED, _NO_FINISH_TS, _NO_OUTPUT, _FORGOTTEN, _WIDE = 1, 2, 4, 8, 16
 #: reason codes: 0 is None, 1.._REASON_CODES - 1 index the reasons seen, `_OWN_REASON`
-#: keeps the row's reason in `FinishedLedger._own_reasons` (past 254 distinct ones)
+#: keeps the row's reason in `FinishedLedger._own_reasons`. Codes are never freed: past
+#: 254 distinct reasons in a ledger's life (vLLM sends a handful), each new one is kept so
 _REASON_CODES = 255
 _OWN_REASON = 255
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -247,7 +248,7 @@ class FinishedLedger:
             counts[_PROGRESS_SEEN] = progress_seen
         else:
             flags |= _WIDE
-            self._wide[row] = [prompt_tokens, output_tokens, progress_seen]
+            self._wide[row] = [int(prompt_tokens), int(output_tokens), int(progress_seen)]
         chunk.flags[i] = flags
         code = 0 if reason is None else self._reason_codes.get(reason)
         chunk.reasons[i] = self._reason_code(reason, row) if code is None else code
@@ -270,12 +271,12 @@ class FinishedLedger:
 
     def _set_count(self, chunk: _Chunk, i: int, row: int, column: int, value: int) -> None:
         if chunk.flags[i] & _WIDE:
-            self._wide[row][column] = value
+            self._wide[row][column] = int(value)
         elif _INT32_MIN <= value <= _INT32_MAX:
             chunk.counts[i, column] = value
         else:
             counts = [int(count) for count in chunk.counts[i]]
-            counts[column] = value
+            counts[column] = int(value)
             self._wide[row] = counts
             chunk.flags[i] |= np.uint8(_WIDE)
 
@@ -326,12 +327,12 @@ class FinishedLedger:
             flags[going] |= np.uint8(_FORGOTTEN)
             staying = alive & ~going
             chunk.unforgotten_min = float(left[staying].min()) if staying.any() else float("inf")
-        chunks = self._chunks
+        chunks, first_row = self._chunks, self._first_row
         while len(chunks) > 1 and chunks[0].unforgotten_min == float("inf"):
             chunks.popleft()
             self._first_row += CHUNK_ROWS
-        for beside in (self._wide, self._own_reasons):
-            if beside:
+        if self._first_row != first_row:  # chunks went: their rows' entries beside go too
+            for beside in (self._wide, self._own_reasons):
                 for row in [row for row in beside if row < self._first_row]:
                     del beside[row]
         self._held -= forgotten
