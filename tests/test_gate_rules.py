@@ -193,15 +193,21 @@ def test_calibration_is_scored_before_learning():
     assert prequential_calibrate(Memoriser(), outputs, keys, horizon=80).auc == pytest.approx(0.5)
 
 
+def _two_worker_round():
+    """A round of two requests on two workers of B = 4, one of them running one request."""
+    from shadow.policies import FleetSnapshot, ReadyPool
+    from shadow.policies.snapshot import ActiveSet
+
+    snapshot = FleetSnapshot.from_active([4, 4], ActiveSet.from_arrays([0], [100], [3]))
+    return snapshot, ReadyPool.from_arrays(["r1", "r2"], [50, 60])
+
+
 def test_a_round_past_the_timeout_is_a_counted_error():
     """The timeout is the audit's, in the same CPU time as the latency: a round slower
     than `decision_timeout_ms` is counted and its choice kept for the audit."""
-    from shadow.policies import FleetSnapshot, ReadyPool
-    from shadow.policies.snapshot import ActiveSet
     from shadow.stream.audit import AuditConfig, Auditor
 
-    snapshot = FleetSnapshot.from_active([4, 4], ActiveSet.from_arrays([0], [100], [3]))
-    pool = ReadyPool.from_arrays(["r1", "r2"], [50, 60])
+    snapshot, pool = _two_worker_round()
     late = Auditor("f", AuditConfig(policies=("jsq-pool", "slow-jsq"), decision_timeout_ms=2.0))
     round_ = late.run_round(0.0, snapshot, pool)
     assert [policy for policy, _ in round_.errors] == ["slow-jsq"]
@@ -215,8 +221,6 @@ def test_a_collection_inside_a_round_is_not_the_policys_time():
     counts in its latency. The policy's own computation still does (the test above)."""
     import gc
 
-    from shadow.policies import FleetSnapshot, ReadyPool
-    from shadow.policies.snapshot import ActiveSet
     from shadow.stream.audit import AuditConfig, Auditor
 
     heap = [[i] for i in range(1_000_000)]  # a heap a collection takes tens of ms to walk
@@ -224,8 +228,7 @@ def test_a_collection_inside_a_round_is_not_the_policys_time():
     gc.collect()
     walk_ms = (time.thread_time() - started) * 1000.0
     assert walk_ms > 10.0, f"the heap is walked in {walk_ms:.1f} ms: too fast to tell"
-    snapshot = FleetSnapshot.from_active([4, 4], ActiveSet.from_arrays([0], [100], [3]))
-    pool = ReadyPool.from_arrays(["r1", "r2"], [50, 60])
+    snapshot, pool = _two_worker_round()
     auditor = Auditor(
         "f", AuditConfig(policies=("jsq-pool", "collected-jsq"), decision_timeout_ms=5.0)
     )

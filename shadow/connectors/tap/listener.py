@@ -11,13 +11,12 @@ upstream here, the relay alone (no token accounting) cost 44 us a chunk this way
 What it does and no more: keep-alive (idle connections closed after `IDLE_TIMEOUT_S`),
 pipelined requests answered in order (reading paused while `MAX_QUEUED` wait), a request
 whose bytes stop arriving for `STALLED_REQUEST_S` answered 408, `Expect: 100-continue`
-answered, bodies up to
-`MAX_BODY` bytes (413 above), a malformed request answered 400 and the connection closed,
-answers framed by their `content-length` or else chunked (HTTP/1.0: by the connection's
-end), no body for HEAD, 1xx, 204 and 304. A client that leaves resolves its exchange's
-`gone`; a client that reads slower than the answer arrives pauses the writer's source
-(`Exchange.on_flow`). Nothing is added to an answer but its framing and, when the
-connection closes after it, `connection: close`.
+answered, bodies up to `MAX_BODY` bytes (413 above), a malformed request answered 400
+and the connection closed, answers framed by their `content-length` or else chunked
+(HTTP/1.0: by the connection's end), no body for HEAD, 1xx, 204 and 304. A client that
+leaves resolves its exchange's `gone`; a client that reads slower than the answer
+arrives pauses the writer's source (`Exchange.on_flow`). Nothing is added to an answer
+but its framing and, when the connection closes after it, `connection: close`.
 """
 
 from __future__ import annotations
