@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from shadow.connectors.tap.scheduling import DEFAULT_SLICE_US
+
 #: what a request's id in the events is (see `TapConfig.request_ids`)
 REQUEST_ID_SCHEMES = ("engine", "header")
 _ENGINE_KEYS = ("worker", "upstream", "listen", "path_prefix", "header", "dp_rank", "capacity")
 _TAP_KEYS = (
     "service", "token_file", "fleet", "source", "listen", "route_header", "metrics_listen",
     "progress_interval_s", "flush_interval_s", "request_ids", "policy", "emit_ready",
-    "max_buffer", "engines",
+    "max_buffer", "sched_slice_us", "engines",
 )  # fmt: skip
 
 
@@ -75,6 +77,9 @@ class TapConfig:
     #: False when the router announces `ready` itself
     emit_ready: bool = True
     max_buffer: int = 100_000
+    #: the relay thread's scheduling slice asked of Linux (`tap.scheduling`), microseconds;
+    #: 0 leaves the kernel's default
+    sched_slice_us: int = DEFAULT_SLICE_US
     engines: tuple[EngineConfig, ...] = field(default_factory=tuple)
 
 
@@ -199,6 +204,8 @@ def config_from_mapping(raw: dict[str, Any]) -> TapConfig:
         values["emit_ready"] = tap["emit_ready"]
     if "max_buffer" in tap:
         values["max_buffer"] = _int(tap["max_buffer"], "tap.max_buffer", 1)
+    if "sched_slice_us" in tap:
+        values["sched_slice_us"] = _int(tap["sched_slice_us"], "tap.sched_slice_us", 0)
     return TapConfig(**values)
 
 

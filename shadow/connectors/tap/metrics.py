@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -106,6 +106,15 @@ class TapMetrics:
         )
         r.register(self.added_latency)
         r.register(_PlainCounters(self, sink_counts))
+        self.sched_slice = Gauge(
+            "shadow_tap_sched_slice_seconds",
+            "The relay thread's scheduling slice in force (tap.scheduling); 0 where the "
+            "kernel shows none.", registry=r,
+        )  # fmt: skip
+
+    def set_sched_slice(self, microseconds: float | None) -> None:
+        if microseconds is not None:
+            self.sched_slice.set(microseconds / 1e6)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
