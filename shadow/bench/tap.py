@@ -44,6 +44,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.bench.stalls import Heartbeat, overlaps_stall
+from shadow.connectors.tap.scheduling import current_slice_us
 from shadow.connectors.tap.upstream import UpstreamClient
 from shadow.world.process import REPO, ServerProcess, free_port, free_ports
 from shadow.world.real_vllm import (
@@ -304,6 +305,9 @@ class TapBench:
     #: the CPUs vLLM ran on and those of the measuring side; None: not pinned, all shared
     engine_cpus: list[int] | None = None
     measure_cpus: list[int] | None = None
+    #: the tap's relay thread's scheduling slice (us) as the kernel shows it (None: not
+    #: shown); `shadow tap` asks for 100 (`connectors.tap.scheduling`)
+    tap_slice_us: float | None = None
 
 
 def split_cpus() -> tuple[set[int], set[int]] | None:
@@ -365,6 +369,7 @@ def run(
                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 )  # fmt: skip
                 _wait_http(f"http://127.0.0.1:{metrics_port}/metrics", tap)
+                tap_slice = current_slice_us(Path(f"/proc/{tap.pid}/task/{tap.pid}/sched"))
                 tap_url = f"http://127.0.0.1:{tap_port}"
                 asyncio.run(_streams(recorder_url, concurrency, concurrency, 16, "warm"))
                 asyncio.run(_streams(tap_url, concurrency, concurrency, 16, "warmtap"))
@@ -408,6 +413,7 @@ def run(
         direct_stalled=direct_stalled, tap_stalled=tap_stalled,
         engine_cpus=sorted(split[0]) if split else None,
         measure_cpus=sorted(split[1]) if split else None,
+        tap_slice_us=tap_slice,
     )  # fmt: skip
 
 

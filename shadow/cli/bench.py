@@ -464,6 +464,9 @@ def bench_tap(
                       f"clients on CPU {rest}")  # fmt: skip
     else:
         console.print("vLLM and the measuring side shared every CPU (--no-pin, or one CPU)")
+    if result.tap_slice_us is not None:
+        console.print(f"the tap ran with a {result.tap_slice_us:g} us scheduling slice "
+                      "(`shadow tap --sched-slice-us`)")  # fmt: skip
     console.print(
         f"the machine stood still {result.stalls} times, {result.stalled_s:.2f} s in all (a "
         f"heartbeat that could not run for over 5 ms): {result.direct_stalled:,} straight and "
