@@ -369,7 +369,7 @@ def run(
                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 )  # fmt: skip
                 _wait_http(f"http://127.0.0.1:{metrics_port}/metrics", tap)
-                tap_slice = current_slice_us(Path(f"/proc/{tap.pid}/task/{tap.pid}/sched"))
+                tap_slice = current_slice_us(tap.pid)  # its main thread: the relay's
                 tap_url = f"http://127.0.0.1:{tap_port}"
                 asyncio.run(_streams(recorder_url, concurrency, concurrency, 16, "warm"))
                 asyncio.run(_streams(tap_url, concurrency, concurrency, 16, "warmtap"))

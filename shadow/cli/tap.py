@@ -15,7 +15,7 @@ from rich.markup import escape
 from shadow.cli.shared import console, err_console, fail
 
 if TYPE_CHECKING:
-    from shadow.connectors.tap.serve import RunningTap
+    from shadow.connectors.tap.metrics import TapMetrics
 
 TAP_HELP = """Run the tap: a transparent proxy between your router and the decode
 engines. It sends what passes (dispatch, progress, finish) to a shadow service
@@ -90,7 +90,8 @@ def tap(
             min=0,
             help="Scheduling slice (us) the relay asks of Linux 6.12+, so that a chunk is "
             "relayed at once rather than after a busy neighbour's slice (~1.4 ms on 2 CPUs); "
-            "no larger CPU share. 0: the kernel's default. [default: 100]",
+            "no larger CPU share. 0: asks nothing (the slice stays as inherited). "
+            "[default: 100]",  # tap.scheduling.DEFAULT_SLICE_US; importing it loads the tap
         ),
     ] = None,
 ) -> None:
@@ -141,7 +142,7 @@ async def _run(settings: object) -> None:
     from shadow.service.interpreter import tune_interpreter
 
     running = RunningTap(settings)  # type: ignore[arg-type]
-    _ask_for_slice(running.config.sched_slice_us, running)  # before /metrics can be read
+    _ask_for_slice(running.config.sched_slice_us, running.proxy.metrics)  # before /metrics
     await running.start()
     for name, url in running.addresses.items():
         console.print(f"tap listener {name}: {url}")
@@ -157,22 +158,19 @@ async def _run(settings: object) -> None:
     await running.stop()
 
 
-def _ask_for_slice(microseconds: int, running: RunningTap) -> None:
-    """The relay's thread (this one: the event loop's) asks for short scheduling slices
-    (`tap.scheduling`); the tap reports the slice in force, and why when it is not the one
-    asked for. It runs either way."""
-    from shadow.connectors.tap.scheduling import current_slice_us, request_slice
+def _ask_for_slice(microseconds: int, metrics: TapMetrics) -> None:
+    """This thread (the event loop's, which relays every chunk) asks for short scheduling
+    slices (`tap.scheduling`); the tap reports the slice in force, and why when it is not
+    the one asked for. It runs either way."""
+    from shadow.connectors.tap.scheduling import request_slice
 
-    if microseconds == 0:
-        running.proxy.metrics.set_sched_slice(current_slice_us())
-        return
     outcome = request_slice(microseconds)
-    running.proxy.metrics.set_sched_slice(outcome.slice_us)
-    if outcome.problem is None:
-        console.print(f"tap scheduling slice: {outcome.slice_us:g} us")
-    else:
+    metrics.set_sched_slice(outcome.slice_us)
+    if outcome.problem is not None:
         err_console.print(f"tap scheduling slice: not {microseconds} us: "
                           f"{escape(outcome.problem)}")  # fmt: skip
+    elif microseconds and outcome.slice_us is not None:
+        console.print(f"tap scheduling slice: {outcome.slice_us:g} us")
 
 
 #: net allocations between young collections in the tap: each chunk allocates a few

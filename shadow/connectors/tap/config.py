@@ -78,7 +78,7 @@ class TapConfig:
     emit_ready: bool = True
     max_buffer: int = 100_000
     #: the relay thread's scheduling slice asked of Linux (`tap.scheduling`), microseconds;
-    #: 0 leaves the kernel's default
+    #: 0 asks nothing (the slice stays as inherited, normally the kernel's)
     sched_slice_us: int = DEFAULT_SLICE_US
     engines: tuple[EngineConfig, ...] = field(default_factory=tuple)
 

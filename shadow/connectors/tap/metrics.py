@@ -113,6 +113,7 @@ class TapMetrics:
         )  # fmt: skip
 
     def set_sched_slice(self, microseconds: float | None) -> None:
+        """The slice in force; None (the kernel reports none) leaves the gauge at 0."""
         if microseconds is not None:
             self.sched_slice.set(microseconds / 1e6)
 

@@ -6,10 +6,15 @@ task it woke runs; the default slice is 0.7 ms times 1 + log2(CPUs) (1.4 ms on 2
 A tap sharing its CPU with anything busy (here: the bench's recorder, clients and
 service; in a fleet: a sidecar's neighbours) then holds a chunk up to that long, which
 is the tail the 1 ms P99 target is about. Since 6.12 a task may ask for a shorter slice
-(`sched_setattr`, `sched_runtime` under SCHED_OTHER, 0.1-100 ms), and a task with a
-shorter slice preempts on wake-up. It gets no larger share of the CPU (its nice value
-and weight are unchanged), only shorter turns, and needs no privilege. The kernel clamps
-the request; the slice in force is read back from `/proc/thread-self/sched`.
+(`sched_setattr`, `sched_runtime` under the normal policies, 0.1-100 ms), and a task with
+a shorter slice preempts on wake-up. It gets no larger share of the CPU (its nice value
+and weight are unchanged), only shorter turns, and needs no privilege.
+
+The request reads the thread's attributes, changes only the slice and writes them back
+(policy, nice value and flags kept), and the slice in force is read back the same way
+(`sched_getattr` reports a normal task's slice since 6.12, 0 before). Threads and
+processes the thread starts afterwards inherit the slice. A seccomp filter that kills on
+`sched_setattr` would kill the tap at start: `sched_slice_us = 0` never calls it.
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ import ctypes
 import os
 import platform
 from dataclasses import dataclass
-from pathlib import Path
 
 #: what `shadow tap` asks for by default: the shortest slice the kernel grants
 DEFAULT_SLICE_US = 100
 #: the range the kernel clamps a requested slice to (kernel/sched/syscalls.c)
 MIN_SLICE_US, MAX_SLICE_US = 100, 100_000
-_SYSCALL = {"x86_64": 314, "aarch64": 274}  # sched_setattr(2)
-_SCHED_OTHER = 0
+#: (sched_setattr, sched_getattr) by machine, for 64-bit processes
+_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}
+#: the policies whose tasks take a custom slice: SCHED_OTHER, SCHED_BATCH
+_FAIR_POLICIES = (0, 3)
 
 
 class _SchedAttr(ctypes.Structure):
@@ -42,52 +48,74 @@ class _SchedAttr(ctypes.Structure):
 
 @dataclass(frozen=True)
 class SliceOutcome:
-    """The slice in force for the calling thread after the request (None: not readable),
-    and why it is not the one asked for (None when it is)."""
+    """The slice in force for the thread after the request (None: the kernel does not
+    report one), and why it is not the one asked for (None when it is)."""
 
     slice_us: float | None
     problem: str | None = None
 
 
-def current_slice_us(sched_file: Path = Path("/proc/thread-self/sched")) -> float | None:
-    """The calling thread's scheduler slice (`se.slice`, microseconds); None where the
-    kernel does not show one (before EEVDF, or not Linux)."""
-    try:
-        text = sched_file.read_text()
-    except OSError:
+def _syscalls() -> tuple[int, int] | None:
+    if platform.system() != "Linux" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None  # a 32-bit process on a 64-bit kernel has other numbers
+    return _SYSCALLS.get(platform.machine())
+
+
+def _call(number: int, *args: object) -> int:
+    """The raw syscall; the errno on failure, 0 on success."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(number), *args) != 0:
+        return ctypes.get_errno() or -1
+    return 0
+
+
+def _attributes(tid: int) -> _SchedAttr | str:
+    """Thread `tid`'s scheduling attributes (0: the calling thread), or why not."""
+    numbers = _syscalls()
+    if numbers is None:
+        return f"not supported on {platform.system()} {platform.machine()}"
+    attr = _SchedAttr()
+    size = ctypes.sizeof(_SchedAttr)
+    error = _call(numbers[1], ctypes.c_int(tid), ctypes.byref(attr), ctypes.c_uint(size),
+                  ctypes.c_uint(0))  # fmt: skip
+    return f"sched_getattr failed: {os.strerror(error)}" if error else attr
+
+
+def current_slice_us(tid: int = 0) -> float | None:
+    """Thread `tid`'s slice in microseconds (0: the calling thread; a process's pid: its
+    main thread); None where the kernel does not report one (before 6.12, not Linux)."""
+    attr = _attributes(tid)
+    if isinstance(attr, str) or attr.sched_policy not in _FAIR_POLICIES:
         return None
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "se.slice":
-            return int(value.strip()) / 1000
-    return None
+    return attr.sched_runtime / 1000 if attr.sched_runtime else None
 
 
 def request_slice(microseconds: int) -> SliceOutcome:
-    """Ask the kernel for slices of `microseconds` for the calling thread (its policy,
-    SCHED_OTHER, and its nice value kept). Never raises: a kernel or platform that cannot
-    do it leaves the default slice, and the outcome says why."""
+    """Ask the kernel for slices of `microseconds` for the calling thread; 0 asks nothing.
+    Never raises: a kernel or platform that cannot do it leaves the slice as it was, and
+    the outcome says why."""
     before = current_slice_us()
-    number = _SYSCALL.get(platform.machine())
-    if platform.system() != "Linux" or number is None:
-        return SliceOutcome(before, f"not supported on {platform.system()} {platform.machine()}")
-    if os.sched_getscheduler(0) != _SCHED_OTHER:
-        return SliceOutcome(before, "the thread is not under the normal policy (SCHED_OTHER)")
-    granted = min(max(microseconds, MIN_SLICE_US), MAX_SLICE_US)  # what the kernel clamps to
-    attr = _SchedAttr(
-        size=ctypes.sizeof(_SchedAttr), sched_policy=_SCHED_OTHER,
-        sched_nice=os.getpriority(os.PRIO_PROCESS, 0), sched_runtime=granted * 1000,
-    )  # fmt: skip
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(number, 0, ctypes.byref(attr), 0) != 0:
-        error = ctypes.get_errno()
+    if microseconds == 0:
+        return SliceOutcome(before)
+    attr = _attributes(0)
+    if isinstance(attr, str):
+        return SliceOutcome(before, attr)
+    if attr.sched_policy not in _FAIR_POLICIES:
+        return SliceOutcome(before, f"the thread's policy ({attr.sched_policy}) takes no slice")
+    clamped = min(max(microseconds, MIN_SLICE_US), MAX_SLICE_US)
+    attr.size = ctypes.sizeof(_SchedAttr)
+    attr.sched_runtime = clamped * 1000
+    numbers = _syscalls()
+    assert numbers is not None  # `_attributes` succeeded
+    error = _call(numbers[0], ctypes.c_int(0), ctypes.byref(attr), ctypes.c_uint(0))
+    if error:
         return SliceOutcome(before, f"sched_setattr failed: {os.strerror(error)}")
     after = current_slice_us()
-    if after != granted:
-        release = platform.release()
-        return SliceOutcome(after, f"the kernel ({release}) kept its slice: custom slices "
-                                   "need Linux 6.12+")  # fmt: skip
-    if granted != microseconds:
+    if after != clamped:
+        return SliceOutcome(after, f"the kernel ({platform.release()}) kept its slice: "
+                                   "custom slices need Linux 6.12+")  # fmt: skip
+    if clamped != microseconds:
         return SliceOutcome(after, f"{microseconds} us is outside the kernel's "
-                                   f"{MIN_SLICE_US}-{MAX_SLICE_US} us: {granted} us")  # fmt: skip
+                                   f"{MIN_SLICE_US}-{MAX_SLICE_US} us: {clamped} us")  # fmt: skip
     return SliceOutcome(after)
