@@ -20,6 +20,7 @@ processes the thread starts afterwards inherit the slice. A seccomp filter that 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -61,11 +62,16 @@ def _syscalls() -> tuple[int, int] | None:
     return _SYSCALLS.get(platform.machine())
 
 
-def _call(number: int, *args: object) -> int:
-    """The raw syscall; the errno on failure, 0 on success."""
+@functools.cache
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    if libc.syscall(ctypes.c_long(number), *args) != 0:
+    return libc
+
+
+def _call(number: int, *args: object) -> int:
+    """The raw syscall; the errno on failure, 0 on success."""
+    if _libc().syscall(ctypes.c_long(number), *args) != 0:
         return ctypes.get_errno() or -1
     return 0
 
@@ -85,7 +91,10 @@ def _attributes(tid: int) -> _SchedAttr | str:
 def current_slice_us(tid: int = 0) -> float | None:
     """Thread `tid`'s slice in microseconds (0: the calling thread; a process's pid: its
     main thread); None where the kernel does not report one (before 6.12, not Linux)."""
-    attr = _attributes(tid)
+    return _slice_of(_attributes(tid))
+
+
+def _slice_of(attr: _SchedAttr | str) -> float | None:
     if isinstance(attr, str) or attr.sched_policy not in _FAIR_POLICIES:
         return None
     return attr.sched_runtime / 1000 if attr.sched_runtime else None
@@ -95,10 +104,10 @@ def request_slice(microseconds: int) -> SliceOutcome:
     """Ask the kernel for slices of `microseconds` for the calling thread; 0 asks nothing.
     Never raises: a kernel or platform that cannot do it leaves the slice as it was, and
     the outcome says why."""
-    before = current_slice_us()
+    attr = _attributes(0)
+    before = _slice_of(attr)
     if microseconds == 0:
         return SliceOutcome(before)
-    attr = _attributes(0)
     if isinstance(attr, str):
         return SliceOutcome(before, attr)
     if attr.sched_policy not in _FAIR_POLICIES:
@@ -106,9 +115,8 @@ def request_slice(microseconds: int) -> SliceOutcome:
     clamped = min(max(microseconds, MIN_SLICE_US), MAX_SLICE_US)
     attr.size = ctypes.sizeof(_SchedAttr)
     attr.sched_runtime = clamped * 1000
-    numbers = _syscalls()
-    assert numbers is not None  # `_attributes` succeeded
-    error = _call(numbers[0], ctypes.c_int(0), ctypes.byref(attr), ctypes.c_uint(0))
+    set_number = _SYSCALLS[platform.machine()][0]  # `_attributes` found the numbers
+    error = _call(set_number, ctypes.c_int(0), ctypes.byref(attr), ctypes.c_uint(0))
     if error:
         return SliceOutcome(before, f"sched_setattr failed: {os.strerror(error)}")
     after = current_slice_us()
