@@ -6,7 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shadow.policies.fscore import PiecewiseObjective, discounts
-from shadow.policies.subset import best_reachable_sum, best_subset, reachable_sums
+from shadow.policies.subset import (
+    SubsetChoice,
+    _recover,
+    best_reachable_sum,
+    best_single,
+    best_subset,
+    reachable_layers,
+    reachable_sums,
+)
 
 objectives = st.builds(
     lambda margins, gamma, alpha, beta: PiecewiseObjective(
@@ -67,3 +75,22 @@ def test_sixteen_candidates_against_brute_force():
     for size in sizes:  # every subset sum, vectorised
         sums = np.concatenate((sums, sums + size))
     assert choice.score == pytest.approx(objective.values(sums[1:]).max(), rel=1e-12)
+
+
+@settings(max_examples=500, deadline=None)
+@given(objectives, st.lists(st.integers(0, 9000), min_size=1, max_size=8))
+def test_one_free_slot_chooses_as_the_bitset_search(objective, sizes):
+    """`best_subset`'s one-slot path is the bitset search's choice exactly (sum, score and
+    the earliest request of that size), not only an equally good one."""
+    layers = reachable_layers(sizes, 1)
+    bits = layers[-1][1]
+    added, score = best_reachable_sum(objective, bits)
+    expected = SubsetChoice(_recover(layers, sizes, added), added, score)
+    assert best_single(objective, sizes) == expected
+    assert best_subset(objective, sizes, 1) == expected
+
+
+def test_one_free_slot_takes_the_earliest_of_equal_sizes_past_the_peak():
+    # peak at 100: the nearest size above it, 700, is held twice
+    objective = PiecewiseObjective.br0(100, 8)
+    assert best_subset(objective, [900, 700, 700, 800], 1).positions == (1,)

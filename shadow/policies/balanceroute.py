@@ -86,13 +86,19 @@ def project_loads(
     """
     workers = load.shape[0]
     width = horizon + 2
-    stop = np.clip(np.ceil(contribution), 0, horizon + 1).astype(np.int64)
-    cell = active.worker * width + stop
+    # (ufuncs in place rather than np.clip and two cumsums: BR-H projects in every round
+    # of a replay, where these arrays are small and the calls' overhead is the cost)
+    stop = np.ceil(contribution)
+    np.maximum(stop, 0, out=stop)
+    np.minimum(stop, horizon + 1, out=stop)
+    cell = active.worker * width + stop.astype(np.int64)
     base = (active.prompt_tokens + active.generated).astype(np.float64)
-    stopped_tokens = np.bincount(cell, weights=base, minlength=workers * width)
-    stopped_count = np.bincount(cell, minlength=workers * width).astype(np.float64)
-    stopped_tokens = np.cumsum(stopped_tokens.reshape(workers, width), axis=1)[:, : horizon + 1]
-    stopped_count = np.cumsum(stopped_count.reshape(workers, width), axis=1)[:, : horizon + 1]
+    stopped = np.empty((2, workers, width))
+    stopped[0].flat = np.bincount(cell, weights=base, minlength=workers * width)
+    stopped[1].flat = np.bincount(cell, minlength=workers * width)
+    np.cumsum(stopped, axis=2, out=stopped)
+    stopped_tokens = stopped[0, :, : horizon + 1]
+    stopped_count = stopped[1, :, : horizon + 1]
     count = np.bincount(active.worker, minlength=workers).astype(np.float64)
     offsets = np.arange(horizon + 1, dtype=np.float64)
     alive_tokens = load.astype(np.float64)[:, None] - stopped_tokens
@@ -188,8 +194,14 @@ def two_stage_admission(
     # R_max requests in pool order; a best F <= 0 still admits one (starvation guard).
     queue = np.flatnonzero(~taken).tolist()
     while queue and slots > 0:
-        margins = np.where(free > 0, picture.safe_margins(), -np.inf)
-        g = int(np.lexsort((worker_index, -free, -margins))[0])
+        open_workers = np.flatnonzero(free > 0)
+        if open_workers.shape[0] == 1:
+            # the only worker with a free slot is the lexsort's first whatever the margins
+            # (a full fleet's round after one completion: most rounds at load 1.0)
+            g = int(open_workers[0])
+        else:
+            margins = np.where(free > 0, picture.safe_margins(), -np.inf)
+            g = int(np.lexsort((worker_index, -free, -margins))[0])
         candidates = queue[: config.r_max]
         if len(candidates) == 1:
             # One candidate goes in either way, by the best subset or by the starvation

@@ -106,9 +106,31 @@ def best_subset(
     if not sizes or max_items < 1:
         raise ValueError("best_subset needs at least one candidate and one free slot")
     sizes = [int(s) for s in sizes]
+    if max_items == 1:
+        return best_single(objective, sizes)
     layers = reachable_layers(sizes, max_items)
     bits = 0
     for mask in layers[-1][1:]:
         bits |= mask
     added, score = best_reachable_sum(objective, bits)
     return SubsetChoice(_recover(layers, sizes, added), added, score)
+
+
+def best_single(objective: PiecewiseObjective, sizes: list[int]) -> SubsetChoice:
+    """`best_subset` with one free slot, the round of a full fleet after one completion
+    (most rounds of a replay at load 1.0): the reachable sums are the sizes themselves,
+    so the bitset search and its recovery come down to the nearest size at or below the
+    peak and at or above it. The same choice: the higher `F`, ties to the smaller sum,
+    then to the earliest request."""
+    peak = objective.peak()
+    below = max((size for size in sizes if size <= peak), default=None) if peak >= 0 else None
+    above = min((size for size in sizes if size >= peak), default=None)
+    best: tuple[int, float] | None = None
+    for candidate in (below, above):
+        if candidate is None:
+            continue
+        score = objective.value(candidate)
+        if best is None or score > best[1] or (score == best[1] and candidate < best[0]):
+            best = (candidate, score)
+    assert best is not None  # a non-empty list has a size on one side of any peak
+    return SubsetChoice((sizes.index(best[0]),), best[0], best[1])

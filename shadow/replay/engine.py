@@ -196,6 +196,8 @@ class _Stretch:
     block: np.ndarray
     durations: np.ndarray
     ends: np.ndarray
+    #: each step's start: the stretch's start, then the ends but the last
+    starts: np.ndarray
     count: np.ndarray
     #: an arrival can cut it: a slot is free, or the policy dispatches on arrival
     has_free: bool
@@ -253,6 +255,7 @@ class FleetReplay:
         self._reads_active = getattr(policy, "reads_active", True)
         self.queues: list[deque[int]] = [deque() for _ in range(workers)]
         self.queue_tokens = np.zeros(workers, dtype=np.int64)
+        self._no_queues = np.zeros(workers, dtype=np.int64)
         #: slots per worker (a window's fleet as observed: uneven B, 0 for a draining
         #: worker, which decodes what it holds and takes nothing new); a continuous run
         #: sets it as the fleet changes
@@ -369,14 +372,19 @@ class FleetReplay:
             )
         else:
             rows = _NO_ROWS
+        if self.queued:
+            waiting = np.array([len(q) for q in self.queues], dtype=np.int64)
+            waiting_tokens = self.queue_tokens.copy()
+        else:  # a pool policy's worker queues stay empty: the same zeros every round
+            waiting = waiting_tokens = self._no_queues
         snapshot = FleetSnapshot(
             self.worker_ids,
             self.capacity,
             fleet.count.copy(),
             fleet.loads(view_step),
             rows,
-            np.array([len(q) for q in self.queues], dtype=np.int64),
-            self.queue_tokens.copy(),
+            waiting,
+            waiting_tokens,
             self.now,
         )
         ready = ReadyPool(pool, prompt[pool], keys[pool])
@@ -411,10 +419,14 @@ class FleetReplay:
                 )
                 self._started.append(request)
         if taken:
-            # The pool stays sorted (requests join in index order), so positions are a search.
-            keep = np.ones(pool.size, dtype=bool)
-            keep[np.searchsorted(pool, taken)] = False
-            self.pool = pool[keep]
+            if sorted(taken) == pool[: len(taken)].tolist():
+                # the oldest requests (the baselines' every round, most of BR's): a slice
+                self.pool = pool[len(taken) :]
+            else:
+                # The pool stays sorted (requests join in index order): positions are a search.
+                keep = np.ones(pool.size, dtype=bool)
+                keep[np.searchsorted(pool, taken)] = False
+                self.pool = pool[keep]
 
     def _join_arrivals(self) -> None:
         ready = self.ready_ms.view
@@ -477,8 +489,11 @@ class FleetReplay:
             block = fleet.base[None, :] + fleet.count[None, :] * offsets[:, None]
             block_durations = model.a_ms_per_token * block.max(axis=1) + model.b_ms
             ends = now + np.cumsum(block_durations)
+            starts = np.empty_like(ends)
+            starts[0] = now
+            starts[1:] = ends[:-1]
             self._stretch = _Stretch(
-                step, now, block, block_durations, ends, fleet.count.copy(),
+                step, now, block, block_durations, ends, starts, fleet.count.copy(),
                 # with worker queues every arrival is dispatched at once, full fleet or not
                 self.queued or bool((fleet.count < self.capacity).any()),
             )  # fmt: skip
@@ -528,7 +543,7 @@ class FleetReplay:
             return
         lo = stretch.committed
         ends = stretch.ends
-        starts = np.concatenate(([stretch.now], ends[:-1]))
+        starts = stretch.starts
         rows = stretch.block[lo:length]
         if length - lo < stretch.block.shape[0]:
             # a view would keep the whole stretch (up to MAX_BLOCK_STEPS x G loads) alive
@@ -562,8 +577,15 @@ class FleetReplay:
             prompt, output, keys = self.prompt.view, self.output.view, self.keys.view
             done = fleet.active[done_mask]
             fleet.active = fleet.active[~done_mask]
-            np.subtract.at(fleet.base, fleet.worker[done], prompt[done] - fleet.admit_step[done])
-            np.subtract.at(fleet.count, fleet.worker[done], 1)
+            if done.size == 1:  # one completion (most stretches): no ufunc.at
+                request = int(done[0])
+                g = int(fleet.worker[request])
+                fleet.base[g] -= prompt[request] - fleet.admit_step[request]
+                fleet.count[g] -= 1
+            else:
+                workers = fleet.worker[done]
+                np.subtract.at(fleet.base, workers, prompt[done] - fleet.admit_step[done])
+                np.subtract.at(fleet.count, workers, 1)
             self.finished += done.size
             if self.predictor is not None:
                 self.predictor.observe_many(output[done], keys[done])
