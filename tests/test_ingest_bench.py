@@ -15,6 +15,13 @@ def test_both_paths_store_every_window_of_the_log_before_the_clock_stops(tmp_pat
     for result in (file_result, http_result):
         assert result["events"] == report["log"]["events"]
         assert result["seconds"] >= result["acknowledged_seconds"] > 0
+    # CPU per event by process: the window worker's evaluations are counted, apart
+    assert set(file_result["cpu_us_per_event"]) == {"ingest", "audit", "windows"}
+    assert file_result["cpu_us_per_event"]["ingest"] > 0
+    assert file_result["cpu_us_per_event"]["windows"] > 0
+    assert set(http_result["cpu_us_per_event"]) == {"server", "workers"}
+    assert http_result["cpu_us_per_event"]["server"] > 0
+    assert http_result["cpu_us_per_event"]["workers"] > 0
 
 
 def test_without_the_windows_no_window_is_counted(tmp_path):

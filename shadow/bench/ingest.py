@@ -11,6 +11,7 @@ reported beside it."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from shadow.policies import make_policy
 from shadow.replay import replay
 from shadow.replay.events import write_events
 from shadow.replay.workload import StepModel
+from shadow.service.footprint import cpu_seconds, process_tree
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.workloads.synthetic import generate
@@ -45,6 +47,9 @@ class IngestBench:
     #: until the last event was applied and acknowledged (with the windows on, the
     #: windows' evaluation may still be running then)
     acknowledged_seconds: float | None = None
+    #: CPU per event (us) by process, over the pass: the ingest (this process, or the
+    #: server) and each worker role; on two cores it shows which one sets the rate
+    cpu_us_per_event: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) ->
     runtime = Runtime(settings)
     try:
         runtime.start_workers()  # as `shadow ingest` and `shadow serve` do before the first batch
+        pids = {"ingest": [os.getpid()], **runtime.worker_pids()}
+        cpu_before = _cpu_by_role(pids)
         started = time.perf_counter()
         for pairs, errors in iter_file(recording.log, batch_size=10_000):
             runtime.pipeline.submit(pairs, errors)
@@ -81,10 +88,22 @@ def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) ->
             runtime.pipeline.finish()  # closes the last window, waits for every window
             windows = runtime.pipeline.windows_evaluated
         seconds = time.perf_counter() - started
+        cpu = _cpu_per_event(cpu_before, _cpu_by_role(pids), recording.events)
     finally:
         runtime.close()
     return IngestBench("file", recording.events, seconds, recording.events / seconds, 50_000,
-                       windows, acknowledged)  # fmt: skip
+                       windows, acknowledged, cpu)  # fmt: skip
+
+
+def _cpu_by_role(pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds used so far by each role's processes (a process gone counts 0)."""
+    return {role: sum(cpu_seconds(pid) or 0.0 for pid in group) for role, group in pids.items()}
+
+
+def _cpu_per_event(
+    before: dict[str, float], after: dict[str, float], events: int
+) -> dict[str, float]:
+    return {role: (after[role] - before[role]) / events * 1e6 for role in after}
 
 
 def bench_http(
@@ -107,6 +126,10 @@ def bench_http(
     bodies = [b"".join(lines[i : i + batch]) for i in range(0, len(lines), batch)]
     windows = None
     try:
+        assert server.process is not None
+        tree = process_tree(server.process.pid)  # the server and its worker processes
+        pids = {"server": tree[:1], "workers": tree[1:]}
+        cpu_before = _cpu_by_role(pids)
         with httpx.Client(timeout=120) as client:
             started = time.perf_counter()
             for body in bodies:
@@ -119,11 +142,12 @@ def bench_http(
                 windows = _wait_for_windows(client, server.url, windows_expected,
                                             started + windows_timeout_s)  # fmt: skip
             seconds = time.perf_counter() - started
+        cpu = _cpu_per_event(cpu_before, _cpu_by_role(pids), recording.events)
     finally:
         server.stop()
     return IngestBench(
         f"http (batches of {batch})", recording.events, seconds, recording.events / seconds,
-        20_000, windows, acknowledged,
+        20_000, windows, acknowledged, cpu,
     )  # fmt: skip
 
 

@@ -120,6 +120,10 @@ def bench_ingest(
             "seconds and events/s run until the last window is stored; 'acknowledged at' is "
             "when the last event was applied and acknowledged"
         )
+    for result in report["results"]:
+        if result.get("cpu_us_per_event"):
+            roles = ", ".join(f"{role} {us:.1f}" for role, us in result["cpu_us_per_event"].items())
+            console.print(f"{result['path']}: CPU per event by process, us: {roles}")
     console.print(
         f"database: {report['database_bytes'] / 2**20:.1f} MiB for {log['fleet_seconds']:.0f} s "
         f"of fleet time, about {report['database_bytes_per_day_8_workers'] / 2**30:.2f} GiB "
