@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -409,19 +410,23 @@ def test_a_dead_service_costs_the_stream_nothing_and_drops_are_counted(world):
     tap = loop.run(RunningTap(config).start())
     try:
         body = {"model": "m", "prompt": "p", "max_tokens": 25, "stream": True}
-        timings = {}
-        for route, base in (("direct", fleet.worker_urls[0]),
-                            ("tap", tap.addresses["shared"] + "/w0")):  # fmt: skip
-            header_id = uuid.uuid4().hex
-            started = time.perf_counter()
-            _, data, _ = _stream(base + "/v1/completions", body, {"x-request-id": header_id})
-            timings[route] = time.perf_counter() - started
-            assert hashlib.sha256(data).hexdigest() == _sent_digest(fleet, header_id)
+        samples: dict[str, list[float]] = {"direct": [], "tap": []}
+        # alternated, three of each: one stream's time also holds whatever else the host
+        # ran meanwhile (a CI run beside a benchmark once put 0.26 s on a single one)
+        for _ in range(3):
+            for route, base in (("direct", fleet.worker_urls[0]),
+                                ("tap", tap.addresses["shared"] + "/w0")):  # fmt: skip
+                header_id = uuid.uuid4().hex
+                started = time.perf_counter()
+                _, data, _ = _stream(base + "/v1/completions", body, {"x-request-id": header_id})
+                samples[route].append(time.perf_counter() - started)
+                assert hashlib.sha256(data).hexdigest() == _sent_digest(fleet, header_id)
         assert tap.sink.dropped > 0
         assert _metric(tap, "shadow_tap_events_dropped_total", "") == tap.sink.dropped
         # 25 emulated steps of 20 ms: a tap that waited on the service (a connect
-        # timeout, a retry) would add whole seconds
-        assert timings["tap"] < timings["direct"] + 0.25, timings
+        # timeout, a retry) would add whole seconds to every stream, the median's too
+        timings = {route: statistics.median(times) for route, times in samples.items()}
+        assert timings["tap"] < timings["direct"] + 0.25, samples
     finally:
         loop.run(tap.stop())
 

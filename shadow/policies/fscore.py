@@ -86,7 +86,7 @@ class PiecewiseObjective:
         return cls(np.array([margin], dtype=np.float64), np.ones(1), 1.0, float(workers))
 
     def value(self, added: float) -> float:
-        k = int(np.searchsorted(self._kinks, added, side="left"))
+        k = int(self._kinks.searchsorted(added, side="left"))  # (the method: no wrapper)
         return self._gain * added - self._beta * (
             added * float(self._prefix_d[k]) - float(self._prefix_dm[k])
         )
