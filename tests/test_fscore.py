@@ -80,3 +80,22 @@ def test_peak_is_the_unconstrained_maximiser(margins, gamma, alpha, beta):
         assert np.all(np.diff(values) > -1e-9)  # never stops rising
     else:
         assert objective.value(peak) >= values.max() - 1e-6 * max(1.0, abs(values.max()))
+
+
+@given(
+    st.floats(-1e7, 1e7, allow_nan=False),
+    st.integers(1, 512),
+    st.lists(st.floats(-2e7, 2e7, allow_nan=False), min_size=1, max_size=6),
+)
+def test_br0_objective_is_the_general_one_with_one_kink(margin, workers, added):
+    """`PiecewiseObjective.br0` skips the constructor's sorting and sums: the same arrays,
+    the same scores bit for bit, the same peak and rounding bound."""
+    fast = PiecewiseObjective.br0(margin, workers)
+    general = PiecewiseObjective(np.array([margin]), np.ones(1), 1.0, float(workers))
+    for name in PiecewiseObjective.__slots__:
+        assert np.array_equal(getattr(fast, name), getattr(general, name)), name
+    sizes = np.array(added)
+    assert fast.values(sizes).tobytes() == general.values(sizes).tobytes()
+    assert [fast.value(a) for a in added] == [general.value(a) for a in added]
+    assert fast.peak() == general.peak()
+    assert fast.rounding_bound(1e6) == general.rounding_bound(1e6)

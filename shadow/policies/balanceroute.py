@@ -192,7 +192,11 @@ def two_stage_admission(
 
     # Stage 2: the worker with the largest safe margin takes the best subset of the first
     # R_max requests in pool order; a best F <= 0 still admits one (starvation guard).
-    queue = np.flatnonzero(~taken).tolist()
+    # the first R_max untaken requests in pool order; the rest join from `untaken` as
+    # these are taken (listing the whole pool each round was O(pool) for R_max of it)
+    untaken = np.flatnonzero(~taken)
+    queue = untaken[: config.r_max].tolist()
+    cursor = len(queue)
     while queue and slots > 0:
         open_workers = np.flatnonzero(free > 0)
         if open_workers.shape[0] == 1:
@@ -202,7 +206,7 @@ def two_stage_admission(
         else:
             margins = np.where(free > 0, picture.safe_margins(), -np.inf)
             g = int(np.lexsort((worker_index, -free, -margins))[0])
-        candidates = queue[: config.r_max]
+        candidates = queue
         if len(candidates) == 1:
             # One candidate goes in either way, by the best subset or by the starvation
             # guard: no objective to build (the decision audit's every round, and the
@@ -222,7 +226,11 @@ def two_stage_admission(
             slots -= 1
             decided.append((i, g))
         chosen = {candidates[p] for p in positions}
-        queue = [i for i in queue[: config.r_max] if i not in chosen] + queue[config.r_max :]
+        queue = [i for i in queue if i not in chosen]
+        if len(queue) < config.r_max and cursor < untaken.shape[0]:
+            joining = config.r_max - len(queue)
+            queue += untaken[cursor : cursor + joining].tolist()
+            cursor += joining
     return decided
 
 

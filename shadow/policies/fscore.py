@@ -56,6 +56,11 @@ def f_score_brh(
     return float(alpha * discount.sum() * added - beta * (discount * penalty).sum())
 
 
+#: BR-0's one discount and its prefix sums (shared: an objective never writes them)
+_ONE_WEIGHT = np.ones(1)
+_ONE_PREFIX = np.array([0.0, 1.0])
+
+
 class PiecewiseObjective:
     """`F_g(D)` of one worker, prepared for many evaluations within one admission round.
 
@@ -82,8 +87,20 @@ class PiecewiseObjective:
 
     @classmethod
     def br0(cls, margin: float, workers: int) -> PiecewiseObjective:
-        """BR-0's objective: one kink at the margin, slope 1 before it and `1 - G` after."""
-        return cls(np.array([margin], dtype=np.float64), np.ones(1), 1.0, float(workers))
+        """BR-0's objective: one kink at the margin, slope 1 before it and `1 - G` after.
+
+        Built directly, not through `__init__`: BR-0 makes one in every Stage 2 choice,
+        and sorting and summing one kink cost more than the choice itself. The arrays are
+        the ones `__init__` computes (1.0 x margin is the margin exactly)."""
+        objective = cls.__new__(cls)
+        kinks = np.array([margin], dtype=np.float64)
+        objective._kinks = kinks
+        objective._weights = _ONE_WEIGHT
+        objective._prefix_d = _ONE_PREFIX
+        objective._prefix_dm = np.array([0.0, kinks[0]])
+        objective._gain = 1.0
+        objective._beta = float(workers)
+        return objective
 
     def value(self, added: float) -> float:
         k = int(self._kinks.searchsorted(added, side="left"))  # (the method: no wrapper)
