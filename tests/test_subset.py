@@ -1,4 +1,5 @@
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from shadow.policies.fscore import PiecewiseObjective, discounts
 from shadow.policies.subset import (
     SubsetChoice,
+    _best_by_sums,
     _recover,
     best_reachable_sum,
     best_single,
@@ -94,3 +96,18 @@ def test_one_free_slot_takes_the_earliest_of_equal_sizes_past_the_peak():
     # peak at 100: the nearest size above it, 700, is held twice
     objective = PiecewiseObjective.br0(100, 8)
     assert best_subset(objective, [900, 700, 700, 800], 1).positions == (1,)
+
+
+@pytest.mark.parametrize(
+    ("margin", "sizes"),
+    [(math.nan, [100, 200]), (-math.inf, [100, 200]), (500.0, [100, -3])],
+    ids=["nan-peak", "minus-inf-peak", "negative-size"],
+)
+def test_one_free_slot_fails_where_the_bitset_search_fails(margin, sizes):
+    """Inputs no policy makes still raise, as they did: a guarded policy's error is
+    counted and answered by the fallback, never turned into a routing choice."""
+    objective = PiecewiseObjective.br0(margin, 8)
+    with pytest.raises(Exception) as search:
+        _best_by_sums(objective, sizes, 1)
+    with pytest.raises(search.type):
+        best_subset(objective, sizes, 1)

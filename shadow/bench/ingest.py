@@ -48,8 +48,9 @@ class IngestBench:
     #: windows' evaluation may still be running then)
     acknowledged_seconds: float | None = None
     #: CPU per event (us) by process, over the pass: the ingest (this process, or the
-    #: server) and each worker role; on two cores it shows which one sets the rate
-    cpu_us_per_event: dict[str, float] | None = None
+    #: server) and each worker role (None: its processes changed during the pass); on
+    #: two cores it shows which one sets the rate
+    cpu_us_per_event: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) ->
             runtime.pipeline.finish()  # closes the last window, waits for every window
             windows = runtime.pipeline.windows_evaluated
         seconds = time.perf_counter() - started
-        cpu = _cpu_per_event(cpu_before, _cpu_by_role(pids), recording.events)
+        after = {"ingest": [os.getpid()], **runtime.worker_pids()}
+        cpu = _cpu_per_event(pids, cpu_before, after, recording.events)
     finally:
         runtime.close()
     return IngestBench("file", recording.events, seconds, recording.events / seconds, 50_000,
@@ -101,9 +103,21 @@ def _cpu_by_role(pids: dict[str, list[int]]) -> dict[str, float]:
 
 
 def _cpu_per_event(
-    before: dict[str, float], after: dict[str, float], events: int
-) -> dict[str, float]:
-    return {role: (after[role] - before[role]) / events * 1e6 for role in after}
+    pids: dict[str, list[int]],
+    before: dict[str, float],
+    pids_after: dict[str, list[int]],
+    events: int,
+) -> dict[str, float | None]:
+    """Each role's CPU over the pass per event (us); None for a role whose processes
+    changed meanwhile (one replaced or gone: its CPU is not all counted). /proc counts
+    in ticks of 10 ms, so a small log's figures are coarse."""
+    after = _cpu_by_role(pids_after)
+    return {
+        role: (after[role] - before[role]) / events * 1e6
+        if sorted(pids_after.get(role, ())) == sorted(group)
+        else None
+        for role, group in pids.items()
+    }
 
 
 def bench_http(
@@ -127,7 +141,9 @@ def bench_http(
     windows = None
     try:
         assert server.process is not None
-        tree = process_tree(server.process.pid)  # the server and its worker processes
+        # the server, and its children: the worker processes (and multiprocessing's
+        # resource tracker, idle)
+        tree = process_tree(server.process.pid)
         pids = {"server": tree[:1], "workers": tree[1:]}
         cpu_before = _cpu_by_role(pids)
         with httpx.Client(timeout=120) as client:
@@ -142,7 +158,9 @@ def bench_http(
                 windows = _wait_for_windows(client, server.url, windows_expected,
                                             started + windows_timeout_s)  # fmt: skip
             seconds = time.perf_counter() - started
-        cpu = _cpu_per_event(cpu_before, _cpu_by_role(pids), recording.events)
+        tree = process_tree(server.process.pid)
+        after = {"server": tree[:1], "workers": tree[1:]}
+        cpu = _cpu_per_event(pids, cpu_before, after, recording.events)
     finally:
         server.stop()
     return IngestBench(

@@ -122,7 +122,10 @@ def bench_ingest(
         )
     for result in report["results"]:
         if result.get("cpu_us_per_event"):
-            roles = ", ".join(f"{role} {us:.1f}" for role, us in result["cpu_us_per_event"].items())
+            roles = ", ".join(
+                f"{role} {'n/a (its processes changed)' if us is None else f'{us:.1f}'}"
+                for role, us in result["cpu_us_per_event"].items()
+            )
             console.print(f"{result['path']}: CPU per event by process, us: {roles}")
     console.print(
         f"database: {report['database_bytes'] / 2**20:.1f} MiB for {log['fleet_seconds']:.0f} s "

@@ -193,15 +193,15 @@ def two_stage_admission(
     # Stage 2: the worker with the largest safe margin takes the best subset of the first
     # R_max requests in pool order; a best F <= 0 still admits one (starvation guard).
     # the first R_max untaken requests in pool order; the rest join from `untaken` as
-    # these are taken (listing the whole pool each round was O(pool) for R_max of it)
+    # these are taken (listing the rest of the pool again after each choice was O(pool))
     untaken = np.flatnonzero(~taken)
     queue = untaken[: config.r_max].tolist()
     cursor = len(queue)
     while queue and slots > 0:
         open_workers = np.flatnonzero(free > 0)
         if open_workers.shape[0] == 1:
-            # the only worker with a free slot is the lexsort's first whatever the margins
-            # (a full fleet's round after one completion: most rounds at load 1.0)
+            # the only worker with a free slot is the lexsort's first for any margin that
+            # is a number (a full fleet's round after one completion: most rounds at 1.0)
             g = int(open_workers[0])
         else:
             margins = np.where(free > 0, picture.safe_margins(), -np.inf)

@@ -59,6 +59,8 @@ def f_score_brh(
 #: BR-0's one discount and its prefix sums (shared: an objective never writes them)
 _ONE_WEIGHT = np.ones(1)
 _ONE_PREFIX = np.array([0.0, 1.0])
+_ONE_WEIGHT.setflags(write=False)
+_ONE_PREFIX.setflags(write=False)
 
 
 class PiecewiseObjective:

@@ -108,6 +108,11 @@ def best_subset(
     sizes = [int(s) for s in sizes]
     if max_items == 1:
         return best_single(objective, sizes)
+    return _best_by_sums(objective, sizes, max_items)
+
+
+def _best_by_sums(objective: PiecewiseObjective, sizes: list[int], max_items: int) -> SubsetChoice:
+    """The bitset search over reachable sums, then the subset behind the best one."""
     layers = reachable_layers(sizes, max_items)
     bits = 0
     for mask in layers[-1][1:]:
@@ -123,6 +128,10 @@ def best_single(objective: PiecewiseObjective, sizes: list[int]) -> SubsetChoice
     peak and at or above it. The same choice: the higher `F`, ties to the smaller sum,
     then to the earliest request."""
     peak = objective.peak()
+    if math.isnan(peak) or peak == -math.inf or min(sizes) < 0:
+        # no policy makes these (margins are finite, prompts >= 0); the bitset search
+        # raises on them, and a guarded policy's error must stay an error
+        return _best_by_sums(objective, sizes, 1)
     below = max((size for size in sizes if size <= peak), default=None) if peak >= 0 else None
     above = min((size for size in sizes if size >= peak), default=None)
     best: tuple[int, float] | None = None
@@ -132,5 +141,6 @@ def best_single(objective: PiecewiseObjective, sizes: list[int]) -> SubsetChoice
         score = objective.value(candidate)
         if best is None or score > best[1] or (score == best[1] and candidate < best[0]):
             best = (candidate, score)
-    assert best is not None  # a non-empty list has a size on one side of any peak
+    if best is None:  # unreachable: a non-empty list has a size on one side of a number
+        raise ValueError("no size on either side of the peak")
     return SubsetChoice((sizes.index(best[0]),), best[0], best[1])

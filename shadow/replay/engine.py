@@ -256,6 +256,7 @@ class FleetReplay:
         self.queues: list[deque[int]] = [deque() for _ in range(workers)]
         self.queue_tokens = np.zeros(workers, dtype=np.int64)
         self._no_queues = np.zeros(workers, dtype=np.int64)
+        self._no_queues.setflags(write=False)  # shared by every round: a write would stick
         #: slots per worker (a window's fleet as observed: uneven B, 0 for a draining
         #: worker, which decodes what it holds and takes nothing new); a continuous run
         #: sets it as the fleet changes
