@@ -77,7 +77,7 @@ def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) ->
     runtime = Runtime(settings)
     try:
         runtime.start_workers()  # as `shadow ingest` and `shadow serve` do before the first batch
-        pids = {"ingest": [os.getpid()], **runtime.worker_pids()}
+        pids = _file_roles(runtime)
         cpu_before = _cpu_by_role(pids)
         started = time.perf_counter()
         for pairs, errors in iter_file(recording.log, batch_size=10_000):
@@ -89,12 +89,23 @@ def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) ->
             runtime.pipeline.finish()  # closes the last window, waits for every window
             windows = runtime.pipeline.windows_evaluated
         seconds = time.perf_counter() - started
-        after = {"ingest": [os.getpid()], **runtime.worker_pids()}
-        cpu = _cpu_per_event(pids, cpu_before, after, recording.events)
+        cpu = _cpu_per_event(pids, cpu_before, _file_roles(runtime), recording.events)
     finally:
         runtime.close()
     return IngestBench("file", recording.events, seconds, recording.events / seconds, 50_000,
                        windows, acknowledged, cpu)  # fmt: skip
+
+
+def _file_roles(runtime: Runtime) -> dict[str, list[int]]:
+    """The file pass's processes by role: this one ingests, beside the worker roles."""
+    return {"ingest": [os.getpid()], **runtime.worker_pids()}
+
+
+def _server_roles(pid: int) -> dict[str, list[int]]:
+    """The HTTP pass's processes by role: the server, and its children (the worker
+    processes, and multiprocessing's resource tracker, idle)."""
+    tree = process_tree(pid)
+    return {"server": tree[:1], "workers": tree[1:]}
 
 
 def _cpu_by_role(pids: dict[str, list[int]]) -> dict[str, float]:
@@ -141,10 +152,7 @@ def bench_http(
     windows = None
     try:
         assert server.process is not None
-        # the server, and its children: the worker processes (and multiprocessing's
-        # resource tracker, idle)
-        tree = process_tree(server.process.pid)
-        pids = {"server": tree[:1], "workers": tree[1:]}
+        pids = _server_roles(server.process.pid)
         cpu_before = _cpu_by_role(pids)
         with httpx.Client(timeout=120) as client:
             started = time.perf_counter()
@@ -158,9 +166,7 @@ def bench_http(
                 windows = _wait_for_windows(client, server.url, windows_expected,
                                             started + windows_timeout_s)  # fmt: skip
             seconds = time.perf_counter() - started
-        tree = process_tree(server.process.pid)
-        after = {"server": tree[:1], "workers": tree[1:]}
-        cpu = _cpu_per_event(pids, cpu_before, after, recording.events)
+        cpu = _cpu_per_event(pids, cpu_before, _server_roles(server.process.pid), recording.events)
     finally:
         server.stop()
     return IngestBench(
