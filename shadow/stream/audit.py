@@ -28,7 +28,7 @@ and decisions the other, never snapshots.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -50,6 +50,7 @@ from shadow.stream.fleet import FleetCore
 from shadow.stream.gc_time import collection_seconds, watch_collections
 from shadow.stream.invariants import InvariantConfig
 from shadow.stream.items import DispatchItem, StreamItem, decode_stream
+from shadow.stream.mirror import FleetMirror
 from shadow.stream.projection import MaintainedProjection
 
 DEFAULT_SHADOW_POLICIES = ("jsq-pool", "br0", "brh-survival")
@@ -133,7 +134,8 @@ class _Round:
     took, and what went wrong (reported once, with the round's first decision)."""
 
     ts: float
-    pool: frozenset[str]
+    #: the requests of the round's pool (a later dispatch of the round is one of them)
+    pool: Container[str]
     choices: dict[str, dict[str, str]]
     latency: dict[str, float]
     invalid: list[tuple[str, str, int]]
@@ -208,8 +210,15 @@ class Auditor:
         if lengths:
             self.predictor.observe_many(np.asarray(lengths, dtype=np.int64))
 
-    def run_round(self, ts: float, snapshot: FleetSnapshot, pool: ReadyPool) -> _Round:
-        """Every policy's round on the incumbent's round (pool and snapshot), timed whole."""
+    def run_round(
+        self,
+        ts: float,
+        snapshot: FleetSnapshot,
+        pool: ReadyPool,
+        members: Container[str] = frozenset(),
+    ) -> _Round:
+        """Every policy's round on the incumbent's round (pool and snapshot), timed whole;
+        `members` answers which requests were in its pool (`_RoundMembers`)."""
         workers = snapshot.worker_ids
         free = snapshot.free_slots
         timeout = self.config.decision_timeout_ms
@@ -253,8 +262,7 @@ class Auditor:
                 if count > room and not policy.dispatches_on_arrival:
                     invalid.append((name, worker, room))
             choices[name] = placed
-        return _Round(ts, frozenset(str(r) for r in pool.request_ids), choices, latency,
-                      invalid, errors, projection=projection)  # fmt: skip
+        return _Round(ts, members, choices, latency, invalid, errors, projection=projection)
 
     def audit(self, job: AuditJob, round_: _Round | None = None) -> AuditOutcome:
         """Score one dispatch; `round_` is the policies' round on the incumbent's round
@@ -392,15 +400,20 @@ class AuditFollower:
         # scored on loads and counts, and its projection changes one worker's row
         snapshot = mirror.snapshot(with_active=new_round)
         if new_round:
-            pool = list(mirror.pool.values())
+            ids, prompts, keys = mirror.ready.columns()
+            extra = None
             if request is not None and item.request_id not in mirror.pool:
-                pool.append(request)  # dispatched without a ready pool entry: its own round
-            ready = ReadyPool(
-                [r.request_id for r in pool],
-                np.fromiter((r.prompt_tokens for r in pool), np.int64, len(pool)),
-                np.fromiter((r.prompt_key for r in pool), np.int64, len(pool)),
-            )
-            round_ = self._rounds[item.fleet] = auditor.run_round(item.ts, snapshot, ready)
+                # dispatched without a ready pool entry: its own round
+                extra = item.request_id
+                ids = np.append(ids, np.array([extra], dtype=object))
+                prompts = np.append(prompts, request.prompt_tokens)
+                keys = np.append(keys, request.prompt_key)
+            members = _RoundMembers(mirror, mirror.ready.next_seq, extra)
+            ready = ReadyPool(ids, prompts, keys)
+            round_ = auditor.run_round(item.ts, snapshot, ready, members)
+            self._rounds[item.fleet] = round_
+        assert isinstance(round_.pool, _RoundMembers)
+        round_.pool.note_dispatch(item.request_id)
         return auditor.audit(
             AuditJob(
                 audit.ingest_id, item.fleet, item.ts, item.request_id,
@@ -413,6 +426,32 @@ class AuditFollower:
             ),
             round_,
         )  # fmt: skip
+
+
+class _RoundMembers:
+    """The requests in a round's pool, without listing them: those in the mirror's pool
+    since before the round began (its sequence number then), the one dispatched without
+    a pool entry that made the round, and those of them the round has dispatched so far.
+    A set of the pool's ids built each round walked the whole pool in Python."""
+
+    __slots__ = ("dispatched", "extra", "mirror", "seq")
+
+    def __init__(self, mirror: FleetMirror, seq: int, extra: str | None) -> None:
+        self.mirror = mirror
+        self.seq = seq
+        self.extra = extra
+        self.dispatched: set[str] = set()
+
+    def __contains__(self, request_id: object) -> bool:
+        if request_id == self.extra or request_id in self.dispatched:
+            return True
+        request = self.mirror.pool.get(request_id)  # type: ignore[call-overload]
+        return request is not None and self.mirror.ready.added_before(request, self.seq)
+
+    def note_dispatch(self, request_id: str) -> None:
+        """The round's request `request_id` is being dispatched (it leaves the pool)."""
+        if request_id in self:
+            self.dispatched.add(request_id)
 
 
 #: The follower of a worker process (set by `start_worker`).

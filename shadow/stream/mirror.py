@@ -31,6 +31,7 @@ from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, prompt_ke
 from shadow.predict.predictors import SurvivalPredictor
 from shadow.stream.active_history import ActiveHistory
 from shadow.stream.finished_ledger import FinishedRequest, RequestTable
+from shadow.stream.ready_columns import ReadyColumns
 
 #: Finish reasons after which a request's length says something about future requests.
 NATURAL_FINISH = frozenset({"stop", "length"})
@@ -59,6 +60,7 @@ class RequestState:
         "last_seen_ts",
         "offset",
         "output_tokens",
+        "pool_index",
         "progress",
         "prompt_key",
         "prompt_tokens",
@@ -88,6 +90,8 @@ class RequestState:
         #: the caller's reference to the finish that finished it (the service's ingest id)
         self.finish_ref = -1
         self.slot = -1
+        #: its row in the mirror's `ReadyColumns` while it is in the pool, else -1
+        self.pool_index = -1
 
     def generated(self) -> int:
         worker = self.worker
@@ -185,6 +189,8 @@ class FleetMirror:
         self.requests = RequestTable()
         self._live: dict[str, RequestState] = self.requests.live
         self.pool: OrderedDict[str, RequestState] = OrderedDict()
+        #: the same pool as columns, for the audit's rounds (`ReadyColumns`)
+        self.ready = ReadyColumns()
         self.predictor = SurvivalPredictor()
         self.now = 0.0
         # The active set as slot-indexed columns, so a snapshot is a mask and a gather.
@@ -344,6 +350,7 @@ class FleetMirror:
         request = RequestState(request_id, prompt_tokens, key, ts)
         self.requests[request_id] = request
         self.pool[request_id] = request
+        self.ready.add(request)
         return request
 
     def apply_dispatch(self, ts: float, request_id: str, worker_id: str) -> RequestState | None:
@@ -363,6 +370,7 @@ class FleetMirror:
         if request.worker is not None or request.finished:
             return request
         self.pool.pop(request_id, None)
+        self.ready.remove(request)
         request.worker = worker
         request.dispatch_ts = ts
         request.last_seen_ts = ts
@@ -414,6 +422,7 @@ class FleetMirror:
         if request is None or request.finished:
             return None
         self.pool.pop(request_id, None)
+        self.ready.remove(request)
         worker = request.worker
         if worker is not None:
             self._release(worker, request, ts)
@@ -482,6 +491,7 @@ class FleetMirror:
         request.last_seen_ts = ts
         request.dispatch_ts = None
         self.pool[request_id] = request
+        self.ready.add(request)
         return request
 
     def _release(self, worker: WorkerState, request: RequestState, ts: float) -> None:
