@@ -66,6 +66,7 @@ def test_the_columns_are_the_pool_in_ready_order(ops):
 def test_many_removals_compact_the_columns_and_keep_them_small():
     mirror = FleetMirror("f")
     mirror.apply_worker(0.0, "w0", 10**6, "up")
+    assert len(mirror.ready) == 0  # made now (on first use), kept in step from here on
     for i in range(10 * INITIAL_ROWS):
         mirror.apply_ready(float(i), f"r{i}", 10, None)
         if i % 4:  # three in four leave the pool at once

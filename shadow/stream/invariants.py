@@ -70,11 +70,8 @@ class InvariantChecker:
         self._reported: set[tuple[str, str | None, str | None]] = set()
         #: (ts, key) of the reported incidents of requests, oldest first, for `forget`
         self._request_incidents: deque[tuple[float, tuple[str, str | None, str]]] = deque()
-        self._drift_run: dict[str, int] = {}
-        #: when each ongoing drift began (event time)
-        self._drift_since: dict[str, float] = {}
-        #: when each ongoing drift was last seen (event time)
-        self._drift_seen: dict[str, float] = {}
+        #: each ongoing drift: (samples in a row, when it began, when last seen; event time)
+        self._drift: dict[str, tuple[int, float, float]] = {}
 
     @property
     def remembered(self) -> int:
@@ -274,16 +271,11 @@ class InvariantChecker:
         )
         low, high = expected
         if running - high > tolerance or low - running - excused > tolerance:
-            last = self._drift_seen.get(key)
-            if last is not None and (ts if seen_from is None else seen_from) - last > (
-                self.config.drift_min_s
-            ):  # not watched in between: this one starts a new run
-                self._drift_run.pop(key, None)
-                self._drift_since.pop(key, None)
-            self._drift_seen[key] = ts
-            run = self._drift_run.get(key, 0) + 1
-            self._drift_run[key] = run
-            since = self._drift_since.setdefault(key, ts)
+            run, since, last = self._drift.get(key, (0, ts, ts))
+            if (ts if seen_from is None else seen_from) - last > self.config.drift_min_s:
+                run, since = 0, ts  # not watched in between: this one starts a new run
+            run += 1
+            self._drift[key] = (run, since, ts)
             if run >= self.config.drift_samples and ts - since >= self.config.drift_min_s:
                 waiting = f" (+{excused:g} waiting excused)" if excused else ""
                 return self._violation(
@@ -296,9 +288,7 @@ class InvariantChecker:
                     f"{running:g} running{waiting} for {run} {what}s over {ts - since:.1f} s",
                 )
         else:
-            self._drift_run[key] = 0
-            self._drift_since.pop(key, None)
-            self._drift_seen.pop(key, None)
+            self._drift.pop(key, None)
         return []
 
     def sweep_ghosts(self, mirror: FleetMirror) -> list[Violation]:

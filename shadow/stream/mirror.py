@@ -189,8 +189,8 @@ class FleetMirror:
         self.requests = RequestTable()
         self._live: dict[str, RequestState] = self.requests.live
         self.pool: OrderedDict[str, RequestState] = OrderedDict()
-        #: the same pool as columns, for the audit's rounds (`ReadyColumns`)
-        self.ready = ReadyColumns()
+        #: the same pool as columns, made on first use (`ready`)
+        self._ready: ReadyColumns | None = None
         self.predictor = SurvivalPredictor()
         self.now = 0.0
         # The active set as slot-indexed columns, so a snapshot is a mask and a gather.
@@ -338,6 +338,17 @@ class FleetMirror:
         self._bump(worker)
         return worker
 
+    @property
+    def ready(self) -> ReadyColumns:
+        """The pool as columns (`ReadyColumns`), made from it on first use and kept in step
+        from then on: only the audit's replica reads them, so the ingest path's mirror
+        never pays for them."""
+        if self._ready is None:
+            self._ready = ReadyColumns()
+            for request in self.pool.values():
+                self._ready.add(request)
+        return self._ready
+
     def apply_ready(
         self, ts: float, request_id: str, prompt_tokens: int, prompt_hash: str | None
     ) -> RequestState | None:
@@ -350,7 +361,8 @@ class FleetMirror:
         request = RequestState(request_id, prompt_tokens, key, ts)
         self.requests[request_id] = request
         self.pool[request_id] = request
-        self.ready.add(request)
+        if self._ready is not None:
+            self._ready.add(request)
         return request
 
     def apply_dispatch(self, ts: float, request_id: str, worker_id: str) -> RequestState | None:
@@ -370,7 +382,8 @@ class FleetMirror:
         if request.worker is not None or request.finished:
             return request
         self.pool.pop(request_id, None)
-        self.ready.remove(request)
+        if self._ready is not None:
+            self._ready.remove(request)
         request.worker = worker
         request.dispatch_ts = ts
         request.last_seen_ts = ts
@@ -422,7 +435,8 @@ class FleetMirror:
         if request is None or request.finished:
             return None
         self.pool.pop(request_id, None)
-        self.ready.remove(request)
+        if self._ready is not None:
+            self._ready.remove(request)
         worker = request.worker
         if worker is not None:
             self._release(worker, request, ts)
@@ -491,7 +505,8 @@ class FleetMirror:
         request.last_seen_ts = ts
         request.dispatch_ts = None
         self.pool[request_id] = request
-        self.ready.add(request)
+        if self._ready is not None:
+            self._ready.add(request)
         return request
 
     def _release(self, worker: WorkerState, request: RequestState, ts: float) -> None:

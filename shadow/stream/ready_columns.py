@@ -5,7 +5,8 @@ from the dict, a round walked every pooled request in Python five times (the lis
 columns, the ids, the round's id set), so its cost grew with the pool: at G = 256 and
 load 1.0 the recorded incumbent's backlog grows without end, and the audit worker's CPU
 doubled over ten minutes at a constant event rate. Kept as columns, a round is a mask and
-three gathers in NumPy.
+three gathers in NumPy. The mirror makes them on first use (`FleetMirror.ready`), so only
+the audit's replica keeps them; the ingest path's mirror does not.
 
 A request leaves the pool by a tombstone (`RequestState.pool_index` says where it is);
 the columns are compacted when the dead outnumber the live, so each removal costs O(1)
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 #: the columns' first size; they double as the pool grows
 INITIAL_ROWS = 256
+#: the per-row columns, grown and compacted together
+COLUMNS = ("_requests", "_ids", "_prompts", "_keys", "_alive", "_seqs")
 
 
 class ReadyColumns:
@@ -97,12 +100,11 @@ class ReadyColumns:
 
     def _grow(self) -> None:
         rows = 2 * self._alive.shape[0]
-        for name in self.__slots__:
+        for name in COLUMNS:
             column = getattr(self, name)
-            if isinstance(column, np.ndarray):
-                grown = np.zeros(rows, dtype=column.dtype)
-                grown[: column.shape[0]] = column
-                setattr(self, name, grown)
+            grown = np.zeros(rows, dtype=column.dtype)
+            grown[: column.shape[0]] = column
+            setattr(self, name, grown)
 
     def _compact(self) -> None:
         """Drop the tombstones and renumber the live requests' rows (in Python, once per
@@ -111,7 +113,7 @@ class ReadyColumns:
         alive = self._alive[:end]
         live = int(alive.sum())
         rows = max(INITIAL_ROWS, 2 * live)
-        for name in ("_requests", "_ids", "_prompts", "_keys", "_alive", "_seqs"):
+        for name in COLUMNS:
             column = getattr(self, name)
             kept = np.zeros(rows, dtype=column.dtype)
             kept[:live] = column[:end][alive]
