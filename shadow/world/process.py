@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,16 +22,42 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+#: where ports are picked when the kernel's ephemeral range cannot be read (Linux's default)
+EPHEMERAL_DEFAULT = (32768, 60999)
+#: the lowest port picked
+LOWEST_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_DEFAULT[0]
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct free ports: each is held until all are picked (two `free_port`
-    calls in a row can return the same port, and the tap then refused its config)."""
+    calls in a row can return the same port, and the tap then refused its config).
+
+    Picked below the kernel's ephemeral range, never by `bind(0)`: a port the kernel hands
+    out is one it also hands to outbound connections and to other `bind(0)` callers, and
+    a real vLLM server, given its port before the DP=2 server beside it had started (its
+    engines, coordinator and connections taking ephemeral ports), failed a fresh-clone CI
+    with "Address already in use" at startup."""
+    rng = random.SystemRandom()
+    low = _ephemeral_low()
     with contextlib.ExitStack() as held:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        for port in rng.sample(range(LOWEST_PORT, max(low, LOWEST_PORT + 1000)), 500):
             sock = held.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
-        return ports
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise OSError(f"no {count} free ports between {LOWEST_PORT} and {low}")
 
 
 class ServerProcess:
