@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from shadow.replay.engine import ReplayResult
+from shadow.replay.records import ReplayResult
 
 METRICS = (
     "imbalance_mean",

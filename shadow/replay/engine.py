@@ -28,13 +28,14 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 
 from shadow.policies.base import Policy
 from shadow.policies.snapshot import NO_KEY, ActiveSet, FleetSnapshot, ReadyPool
+from shadow.replay.fleet_state import GrownColumn, RunningFleet, Stretch
+from shadow.replay.records import InitialRequest, ProgressCallback, ReplayResult, StepBlock
 from shadow.replay.workload import StepModel, Workload
 
 #: Steps computed per block at most, so long idle-free stretches stay small in memory.
@@ -42,166 +43,6 @@ MAX_BLOCK_STEPS = 512
 #: the running requests' rows a round gets when its policy never reads them
 #: (`Policy.reads_active`): none (zero-length columns, so shared safely)
 _NO_ROWS = ActiveSet.empty()
-
-
-@dataclass(frozen=True)
-class InitialRequest:
-    """A request already decoding when the replay starts (a window's observed start state)."""
-
-    worker: int
-    prompt_tokens: int
-    generated: int
-    remaining: int
-    prompt_key: int = int(NO_KEY)
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    """Everything one policy's replay produced, as plain arrays.
-
-    Requests are indexed as in the workload, followed by the initial requests. Steps are
-    numbered from 0; a request admitted before step `k` decodes steps `k .. finish_step`.
-    Step ends are kept as computed (not start + duration) so that the end of one step is
-    bit-for-bit the start of the next and the time of the admissions made there.
-    """
-
-    policy: str
-    workers: int
-    batch: int
-    step_model: StepModel
-    step_start_ms: np.ndarray
-    step_end_ms: np.ndarray
-    step_duration_ms: np.ndarray
-    worker_load: np.ndarray
-    worker_active: np.ndarray
-    ready_ms: np.ndarray
-    admit_ms: np.ndarray
-    admit_step: np.ndarray
-    finish_step: np.ndarray
-    worker: np.ndarray
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray
-    from_initial: np.ndarray
-    sched_ms: np.ndarray
-
-    @property
-    def steps(self) -> int:
-        return int(self.step_start_ms.shape[0])
-
-
-ProgressCallback = Callable[[int, int], None]
-
-
-class _Fleet:
-    """Mutable fleet state: the only place the replay mutates (the policy only reads).
-
-    Per-request arrays grow as requests are added (a continuous run keeps adding)."""
-
-    def __init__(self, workers: int, batch: int) -> None:
-        self.workers = workers
-        self.batch = batch
-        self.base = np.zeros(workers, dtype=np.int64)  # sum over active of (s_i - admit_step_i)
-        self.count = np.zeros(workers, dtype=np.int64)
-        self.active = np.empty(0, dtype=np.int64)
-        self.worker = np.empty(0, dtype=np.int64)
-        self.admit_step = np.empty(0, dtype=np.int64)
-        self.finish_step = np.empty(0, dtype=np.int64)
-        self.admit_ms = np.empty(0)
-
-    def reserve(self, total: int) -> None:
-        """Room for `total` requests (doubling, so appending one at a time stays linear)."""
-        have = self.worker.shape[0]
-        if total <= have:
-            return
-        size = max(total, 2 * have)
-        for name, fill in (("worker", -1), ("admit_step", -1), ("finish_step", -1)):
-            grown = np.full(size, fill, dtype=np.int64)
-            grown[:have] = getattr(self, name)
-            setattr(self, name, grown)
-        admit_ms = np.full(size, np.nan)
-        admit_ms[:have] = self.admit_ms
-        self.admit_ms = admit_ms
-
-    def admit(self, request: int, g: int, step: int, now_ms: float, prompt: int, output: int):
-        self.worker[request] = g
-        self.admit_step[request] = step
-        self.finish_step[request] = step + output - 1
-        self.admit_ms[request] = now_ms
-        self.base[g] += prompt - step
-        self.count[g] += 1
-
-    def loads(self, step: int) -> np.ndarray:
-        return self.base + self.count * step
-
-    def compact(self, keep: np.ndarray) -> None:
-        """Keep only the requests `keep` marks (over the first `keep.shape[0]`)."""
-        n = keep.shape[0]
-        self.worker = self.worker[:n][keep]
-        self.admit_step = self.admit_step[:n][keep]
-        self.finish_step = self.finish_step[:n][keep]
-        self.admit_ms = self.admit_ms[:n][keep]
-
-
-class _Grown:
-    """An append-only int64 or float64 column with amortised growth."""
-
-    def __init__(self, dtype: type) -> None:
-        self.data = np.empty(64, dtype=dtype)
-        self.size = 0
-
-    def extend(self, values: np.ndarray) -> None:
-        need = self.size + values.shape[0]
-        if need > self.data.shape[0]:
-            grown = np.empty(max(need, 2 * self.data.shape[0]), dtype=self.data.dtype)
-            grown[: self.size] = self.data[: self.size]
-            self.data = grown
-        self.data[self.size : need] = values
-        self.size = need
-
-    @property
-    def view(self) -> np.ndarray:
-        return self.data[: self.size]
-
-    def compact(self, keep: np.ndarray) -> None:
-        """Keep only the values `keep` marks (it covers the whole column)."""
-        kept = self.view[keep]
-        self.data = np.empty(max(64, kept.shape[0]), dtype=self.data.dtype)
-        self.data[: kept.shape[0]] = kept
-        self.size = kept.shape[0]
-
-
-@dataclass(frozen=True)
-class StepBlock:
-    """Steps computed since the last `FleetReplay.take_steps()`, numbered from `first_step`."""
-
-    first_step: int
-    start_ms: np.ndarray
-    end_ms: np.ndarray
-    duration_ms: np.ndarray
-    worker_load: np.ndarray
-    worker_active: np.ndarray
-
-    @property
-    def steps(self) -> int:
-        return int(self.start_ms.shape[0])
-
-
-@dataclass
-class _Stretch:
-    """Steps with a fixed active set, computed whole from `step`; `committed` of them are
-    in the run so far."""
-
-    step: int
-    now: float
-    block: np.ndarray
-    durations: np.ndarray
-    ends: np.ndarray
-    #: each step's start: the stretch's start, then the ends but the last
-    starts: np.ndarray
-    count: np.ndarray
-    #: an arrival can cut it: a slot is free, or the policy dispatches on arrival
-    has_free: bool
-    committed: int = 0
 
 
 class FleetReplay:
@@ -262,11 +103,11 @@ class FleetReplay:
         #: sets it as the fleet changes
         self.capacity = slots
         self.worker_ids = tuple(range(workers))
-        self.fleet = _Fleet(workers, batch)
-        self.prompt = _Grown(np.int64)
-        self.output = _Grown(np.int64)
-        self.keys = _Grown(np.int64)
-        self.ready_ms = _Grown(np.float64)
+        self.fleet = RunningFleet(workers, batch)
+        self.prompt = GrownColumn(np.int64)
+        self.output = GrownColumn(np.int64)
+        self.keys = GrownColumn(np.int64)
+        self.ready_ms = GrownColumn(np.float64)
         self.initial_count = len(initial)
         #: requests dropped by `drop_finished` (finished and measured)
         self.dropped = 0
@@ -279,7 +120,7 @@ class FleetReplay:
         self.now = 0.0
         self.finished = 0
         #: the stretch of steps in progress when the run waits at the frontier
-        self._stretch: _Stretch | None = None
+        self._stretch: Stretch | None = None
         self._taken_step = 0
         self._blocks: list[tuple[np.ndarray, ...]] = []
         self._block_rows: list[tuple[np.ndarray, int]] = []
@@ -493,7 +334,7 @@ class FleetReplay:
             starts = np.empty_like(ends)
             starts[0] = now
             starts[1:] = ends[:-1]
-            self._stretch = _Stretch(
+            self._stretch = Stretch(
                 step, now, block, block_durations, ends, starts, fleet.count.copy(),
                 # with worker queues every arrival is dispatched at once, full fleet or not
                 self.queued or bool((fleet.count < self.capacity).any()),
@@ -539,7 +380,7 @@ class FleetReplay:
         self._after_stretch(cut_by_arrival)
         return True
 
-    def _commit(self, stretch: _Stretch, length: int) -> None:
+    def _commit(self, stretch: Stretch, length: int) -> None:
         if length <= stretch.committed:
             return
         lo = stretch.committed

@@ -30,7 +30,7 @@ from shadow.events import (
     event_to_json,
 )
 from shadow.policies.snapshot import NO_KEY
-from shadow.replay.engine import ReplayResult
+from shadow.replay.records import ReplayResult
 
 DEFAULT_PROGRESS_EVERY = 64
 

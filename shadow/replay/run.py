@@ -16,7 +16,8 @@ import numpy as np
 
 from shadow.analysis.metrics import per_step, summarize
 from shadow.policies import BalanceRouteConfig, make_policy
-from shadow.replay.engine import ProgressCallback, ReplayResult, replay
+from shadow.replay.engine import replay
+from shadow.replay.records import ProgressCallback, ReplayResult
 from shadow.replay.workload import StepModel, Workload
 from shadow.workloads.traces import retime
 
