@@ -6,7 +6,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from shadow.bench import fleet as fleet_bench
+from shadow.bench import fleet_samples
 from shadow.cli import app
 from shadow.service.settings import load_settings
 
@@ -321,7 +321,7 @@ def test_bench_fleet_growth_by_process_does_not_count_a_late_start() -> None:
     """The window worker starts with the first due window (~2 minutes in): the total's
     slope counts its start as growth, its own slope from its first sample does not."""
     samples = [
-        fleet_bench.Sample(
+        fleet_samples.Sample(
             fleet_s=t,
             wall_s=t,
             events=int(t) * 100,
@@ -332,7 +332,7 @@ def test_bench_fleet_growth_by_process_does_not_count_a_late_start() -> None:
         )
         for t in range(30, 301, 30)
     ]
-    summary = fleet_bench._summary(samples, 30_000, 300.0, 100.0)
+    summary = fleet_samples.summarize_pass(samples, 30_000, 300.0, 100.0)
     by_process = summary["growth_mib_per_min_by_process"]
     assert by_process["server"] == pytest.approx(1.0)
     assert by_process["worker-1"] == pytest.approx(0.0, abs=1e-9)
