@@ -26,6 +26,14 @@ UrlOption = Annotated[
     str | None, typer.Option(help="A running service (e.g. http://127.0.0.1:8321) instead of --db.")
 ]
 DbOption = Annotated[Path, typer.Option(help="DuckDB file (when the service is stopped).")]
+#: where the benchmarks (`bench ingest`, `bench load`, `bench fleet`, ...) keep their files
+BenchWorkdir = Annotated[
+    Path | None,
+    typer.Option(
+        help="Keep the recording and databases here (default: a temporary folder, "
+        "removed afterwards)."
+    ),
+]
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
