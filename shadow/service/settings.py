@@ -39,7 +39,7 @@ from shadow.modes.machine import ModeConfig
 from shadow.policies import BalanceRouteConfig, policy_names
 from shadow.replay.workload import StepModel
 from shadow.service.http.auth import MIN_TOKEN_LENGTH, ROLES, Role, TokenTable, is_loopback
-from shadow.service.ingest.pipeline import Limits, PipelineConfig
+from shadow.service.ingest.config import Limits, PipelineConfig
 from shadow.service.plugins import import_policy_modules
 from shadow.service.workers import WORKERS_NICE
 from shadow.storage.archive import RetentionConfig

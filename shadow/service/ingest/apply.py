@@ -42,7 +42,7 @@ from shadow.stream.sampling import AuditSampler
 from shadow.stream.windows import WindowTracker
 
 if TYPE_CHECKING:
-    from shadow.service.ingest.pipeline import PipelineConfig
+    from shadow.service.ingest.config import PipelineConfig
 
 STEP_SAMPLES_KEPT = 50_000  # the last ~6,000 steps of an 8-worker fleet
 

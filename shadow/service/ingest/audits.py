@@ -19,7 +19,7 @@ from shadow.stream.invariants import Violation
 from shadow.stream.items import DispatchItem, StreamItem, encode_stream
 
 if TYPE_CHECKING:
-    from shadow.service.ingest.pipeline import PipelineConfig
+    from shadow.service.ingest.config import PipelineConfig
 
 
 class AuditHandoff:

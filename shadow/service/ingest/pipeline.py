@@ -23,7 +23,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
@@ -32,6 +31,7 @@ from shadow.replay.workload import StepModel
 from shadow.service.ingest.apply import Applier, FleetState
 from shadow.service.ingest.audits import AuditHandoff
 from shadow.service.ingest.committer import CommitJob, GroupCommitter
+from shadow.service.ingest.config import BOUNDS, IngestResult, Limits, PipelineConfig
 from shadow.service.ingest.progress_seen import ProgressSeen
 from shadow.service.ingest.reorder import Entry, ReorderBuffer
 from shadow.service.ingest.rows import lifecycle_row, stored_event
@@ -39,10 +39,9 @@ from shadow.service.ingest.seen import RecentInts
 from shadow.service.ingest.source_clocks import SourceClocks
 from shadow.service.ingest.windows import WindowScheduler
 from shadow.service.store import EventBatch, ServiceStore
-from shadow.stream.audit import AuditConfig
-from shadow.stream.invariants import InvariantConfig, Violation
+from shadow.stream.invariants import Violation
 from shadow.stream.items import ForgetItem, StreamItem
-from shadow.stream.windows import WindowConfig, WindowResult
+from shadow.stream.windows import WindowResult
 
 __all__ = ["BOUNDS", "FleetState", "IngestResult", "Limits", "Pipeline", "PipelineConfig"]
 
@@ -52,74 +51,6 @@ MAX_PENDING_SAMPLES = 1000
 PROGRESS_FOLD_EVERY_S = 5.0
 #: before every (ts, class order): a fleet with nothing applied yet
 _BEFORE_ALL = (-math.inf, -1)
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    """The ingest path. A field's `metadata` holds the bounds a configured value must meet
-    (`ge`, `gt`, `le`, `lt`; the settings check them)."""
-
-    reorder_window_s: float = field(default=2.0, metadata={"ge": 0})
-    #: a fleet's events are released no further than its slowest live source's time
-    #: (less the window); a source holds it for at most this long (wall time, counted
-    #: while ingest goes on) after its last post (`source_clocks`)
-    source_wait_s: float = field(default=3.0, metadata={"ge": 0})
-    #: ... and not when it is this far (event time) behind its fleet's newest event
-    source_max_lag_s: float = field(default=30.0, metadata={"ge": 0})
-    seq_window: int = 1_000_000
-    ghost_sweep_every_s: float = 5.0
-    audit_enabled: bool = True
-    #: audit an even sample of dispatches while the audit worker falls behind (its
-    #: backlog at half of `max_audit_backlog`), instead of making ingest wait for it;
-    #: off: every dispatch is audited (`stream.sampling`)
-    audit_sampling: bool = False
-    windows_enabled: bool = True
-    step_fit_min_samples: int = 50
-    default_step_model: StepModel = field(default_factory=StepModel)
-    audit: AuditConfig = field(default_factory=AuditConfig)
-    invariants: InvariantConfig = field(default_factory=InvariantConfig)
-    windows: WindowConfig = field(default_factory=WindowConfig)
-    limits: Limits = field(default_factory=lambda: Limits())
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on what one service instance holds; each hit is counted (`bound_hits`)."""
-
-    #: events waiting in the reorder window; past it, everything buffered is applied now
-    max_reorder_events: int = field(default=1_000_000, metadata={"ge": 1000})
-    max_fleets: int = field(default=64, metadata={"ge": 1})
-    max_workers_per_fleet: int = field(default=1024, metadata={"ge": 1})
-    #: requests ready or running in one fleet; more `ready` events are rejected
-    max_active_per_fleet: int = field(default=200_000, metadata={"ge": 1})
-    #: dedupe memory of a finished request's progress is kept this long (fleet time)
-    finished_ttl_s: float = field(default=300.0, metadata={"gt": 0})
-    #: batches handed to the audit worker and not audited yet; past it, ingest waits for
-    #: the oldest (the audit's memory and lag stay bounded when it falls behind)
-    max_audit_backlog: int = field(default=64, metadata={"ge": 1})
-
-
-BOUNDS = ("body_bytes", "batch_events", "reorder_buffer", "fleets", "workers_per_fleet",
-          "active_per_fleet", "page_size", "audit_backlog")  # fmt: skip
-
-
-@dataclass
-class IngestResult:
-    accepted: int = 0
-    duplicates: int = 0
-    rejected: int = 0
-    errors: list[EventError] = field(default_factory=list)
-
-    def as_json(self, error_limit: int = 1000) -> dict[str, Any]:
-        return {
-            "accepted": self.accepted,
-            "duplicates": self.duplicates,
-            "rejected": self.rejected,
-            "errors": [
-                {"position": e.position, "line": e.line, "field": e.field, "message": e.message}
-                for e in self.errors[:error_limit]
-            ],
-        }
 
 
 class Pipeline:

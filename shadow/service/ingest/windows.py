@@ -24,7 +24,7 @@ from shadow.service.window_runs import evaluate_continuous, evaluate_in_worker
 from shadow.stream.windows import WindowResult, evaluate_window
 
 if TYPE_CHECKING:
-    from shadow.service.ingest.pipeline import PipelineConfig
+    from shadow.service.ingest.config import PipelineConfig
 
 log = logging.getLogger("shadow.service.ingest.pipeline")
 #: step-model fits held for the next windows' transaction before they are stored alone
