@@ -365,3 +365,27 @@ def test_workers_spawned_under_the_console_script_do_not_rerun_it(tmp_path):
     )
     *_, worker_loaded_cli = done.stdout.split()
     assert worker_loaded_cli == "False", done.stdout + done.stderr
+
+
+def test_command_lists_show_each_summary_as_one_paragraph() -> None:
+    """Typer's Rich mode kept a docstring's line breaks in the command list, so a summary
+    wrapped in the source broke mid-sentence at 80 columns (`bench demo`, `bench fleet`)."""
+    import typer
+    import typer.main
+    from typer.core import TyperGroup
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)
+    ctx = typer.Context(group)
+    bench = group.get_command(ctx, "bench")
+    assert isinstance(bench, TyperGroup)
+    for name in bench.list_commands(ctx):
+        command = bench.get_command(ctx, name)
+        assert command is not None and command.short_help, name
+        assert "\n" not in command.short_help, name
+    fleet = bench.get_command(ctx, "fleet")
+    assert fleet is not None and fleet.short_help is not None
+    assert fleet.short_help.startswith("Keep pace with a wide-EP fleet: generate its event "
+                                       "stream, time the audit per dispatch, ingest")  # fmt: skip
+    tap = group.get_command(ctx, "tap")
+    assert tap is not None and tap.short_help is not None and "\n" not in tap.short_help

@@ -13,9 +13,18 @@ from rich.table import Table
 
 from shadow.cli.bench_fleet import bench_fleet
 from shadow.cli.replay import load_workload
-from shadow.cli.shared import ALL_POLICIES, BenchWorkdir, console, fail, policy_names
+from shadow.cli.shared import (
+    ALL_POLICIES,
+    BenchWorkdir,
+    ParagraphSummaries,
+    console,
+    fail,
+    policy_names,
+)
 
-bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
+bench_app = typer.Typer(
+    cls=ParagraphSummaries, help="Benchmarks that print numbers.", no_args_is_help=True
+)
 
 
 @bench_app.command("router")

@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from shadow.cli.shared import console, fail
+from shadow.cli.shared import ParagraphSummaries, console, fail
 
 dashboards_app = typer.Typer(
+    cls=ParagraphSummaries,
     help="Grafana dashboards: export the JSON built from code, or provision a Grafana.",
     no_args_is_help=True,
 )

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from shadow.cli.shared import DEFAULT_DB, console, fail
+from shadow.cli.shared import DEFAULT_DB, ParagraphSummaries, console, fail
 
-db_app = typer.Typer(help="The DuckDB database.", no_args_is_help=True)
+db_app = typer.Typer(cls=ParagraphSummaries, help="The DuckDB database.", no_args_is_help=True)
 
 
 @db_app.command("upgrade")

@@ -3,6 +3,7 @@ policy list, and the options several commands take with the same meaning."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated
 
@@ -45,7 +46,21 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-class WholeErrorsGroup(TyperGroup):
+class ParagraphSummaries(TyperGroup):
+    """A group whose command list shows each command's first paragraph as one paragraph.
+    Typer's Rich mode keeps a docstring's line breaks there, so a summary wrapped in the
+    source broke mid-sentence in an 80-column terminal."""
+
+    def get_command(self, ctx, cmd_name):  # type: ignore[no-untyped-def]
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.short_help is None and command.help:
+            first = inspect.cleandoc(command.help).split("\n\n")[0]
+            if not first.startswith("\b"):  # Click's mark for a paragraph kept as written
+                command.short_help = " ".join(first.split())
+        return command
+
+
+class WholeErrorsGroup(ParagraphSummaries):
     """The `shadow` group: off a terminal, a usage error is Click's plain lines, not
     Typer's Rich panel, which is drawn at 80 columns there and cuts the sentence (and any
     path in it) across lines. On a terminal, the panel as before."""
