@@ -1,13 +1,15 @@
+import io
 import json
 import subprocess
 import sys
 
 import duckdb
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from shadow.bench import fleet_samples
-from shadow.cli import app
+from shadow.cli import app, bench_fleet
 from shadow.service.settings import load_settings
 
 runner = CliRunner()
@@ -315,6 +317,24 @@ def test_bench_fleet_passes_the_audit_backlog_bound_to_the_service(tmp_path):
     assert f"{file_pass['audit_skipped']:,} dispatches skipped" in result.output
     refused = runner.invoke(app, ["bench", "fleet", "--max-audit-backlog", "1", "--no-http"])
     assert refused.exit_code == 2 and "max-audit-backlog" in refused.output
+
+
+def test_bench_fleet_samples_fit_a_ci_log_without_cutting_a_number() -> None:
+    """G = 256's samples at 80 columns (a CI log has no terminal): every number whole."""
+    samples = [
+        {"fleet_s": t, "wall_s": t * 0.41, "audit_lag_s": 20.37, "behind_s": 0.0,
+         "windows": t // 60, "counterfactual_lag_s": None if t < 150 else 150.0,
+         "rss_mib": {"server": 1_100.0, "worker-0": 95.0, "worker-1": 98.0},
+         "held": {"live": 43_162, "finished": 111_988 + t, "windows": 97_400}}
+        for t in range(30, 301, 30)
+    ]  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=80).print(bench_fleet._samples_table("http", samples, 30.0))
+    text = out.getvalue()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    last = text.splitlines()[-5]  # the 300 s row, above the caption's three lines
+    assert last.split() == ["300", "123.0", "20.37", "0.00", "5", "150", "1,293", "43.2",
+                            "112.3", "97.4"], text  # fmt: skip
 
 
 def test_bench_fleet_growth_by_process_does_not_count_a_late_start() -> None:

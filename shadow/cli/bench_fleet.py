@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from shadow.cli.shared import BenchWorkdir, console, fail
@@ -143,20 +144,10 @@ def _print_report(report: dict, workers: int, batch: int, json_out: Path | None)
     if report.get("file") and report["file"]["audit_sampling"]:
         console.print(f"file: audit sampling on, {report['file']['audit_skipped']:,} "
                       "dispatches skipped")  # fmt: skip
-    lag = Table(title=f"Every {bench.SAMPLE_S:.0f} s of fleet time")
-    for column in ("path", "fleet s", "wall s", "audit behind s", "source behind s",
-                   "windows", "cf behind s", "RSS MiB", "held k (live/fin/win)"):  # fmt: skip
-        lag.add_column(column, justify="left" if column == "path" else "right")
     for path in ("file", "http"):
-        for s in (report.get(path) or {}).get("samples", []):
-            cf = s["counterfactual_lag_s"]
-            lag.add_row(path, f"{s['fleet_s']:.0f}", f"{s['wall_s']:.1f}",
-                        f"{s['audit_lag_s']:.2f}", f"{s['behind_s']:.2f}", f"{s['windows']}",
-                        "-" if cf is None else f"{cf:.0f}",
-                        f"{sum(s['rss_mib'].values()):,.0f}",
-                        "/".join(f"{s['held'].get(h, 0) / 1000:.0f}"
-                                 for h in ("live", "finished", "windows")))  # fmt: skip
-    console.print(lag)
+        samples = (report.get(path) or {}).get("samples", [])
+        if samples:
+            console.print(_samples_table(path, samples, bench.SAMPLE_S))
     if "http" in report:
         h = report["http"]
         stored = h["stored"]
@@ -176,3 +167,29 @@ def _print_report(report: dict, workers: int, batch: int, json_out: Path | None)
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {json_out}")
+
+
+def _samples_table(path: str, samples: list[dict], every_s: float) -> Table:
+    """One pass's 30 s samples. One table per pass, a column per held count, and each
+    column as wide as its longest number or header word (Rich would otherwise shrink all
+    columns alike), so that it fits 80 columns, a CI log's width, with no number cut."""
+    headers = ("fleet s", "wall s", "audit lag", "source lag", "cf win", "cf lag", "RSS MiB",
+               "held live", "held done", "held win")  # fmt: skip
+    rows = []
+    for s in samples:
+        cf = s["counterfactual_lag_s"]
+        held = [f"{s['held'].get(h, 0) / 1000:.1f}" for h in ("live", "finished", "windows")]
+        rows.append((f"{s['fleet_s']:.0f}", f"{s['wall_s']:.1f}", f"{s['audit_lag_s']:.2f}",
+                     f"{s['behind_s']:.2f}", f"{s['windows']}",
+                     "-" if cf is None else f"{cf:.0f}",
+                     f"{sum(s['rss_mib'].values()):,.0f}", *held))  # fmt: skip
+    table = Table(title=f"{path}: every {every_s:.0f} s of fleet time", box=box.SIMPLE_HEAD,
+                  caption="lag: seconds of fleet time behind the fleet's clock; cf: the "
+                  "counterfactual windows stored (win) and how far the latest lags; held: "
+                  "requests held, in thousands: live, finished (done), by the windows")  # fmt: skip
+    for i, header in enumerate(headers):
+        width = max(max(map(len, header.split())), *(len(row[i]) for row in rows))
+        table.add_column(header, justify="right", width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
