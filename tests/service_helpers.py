@@ -6,6 +6,8 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -96,7 +98,7 @@ class ThreadedServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> ThreadedServer:
+    def start(self, timeout_s: float = 10.0) -> ThreadedServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart on the same port
         sock.bind(("127.0.0.1", self.port))
@@ -106,8 +108,9 @@ class ThreadedServer:
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + timeout_s
         while not self._server.started:
+            assert self._thread.is_alive(), "test server stopped while starting (see its log)"
             assert time.monotonic() < deadline, "test server did not start"
             time.sleep(0.01)
         return self
@@ -118,3 +121,15 @@ class ThreadedServer:
             self._thread.join(timeout=10)
             assert not self._thread.is_alive(), "test server did not stop"
         self._server = self._thread = None
+
+
+@contextmanager
+def served(app: object) -> Iterator[httpx.Client]:
+    """The service's app over real HTTP on loopback (uvicorn in a thread, its lifespan
+    run), and a client for it: what `fastapi.testclient` did in-process, on the wire."""
+    server = ThreadedServer(app, lifespan="on").start(timeout_s=60.0)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60.0) as client:
+            yield client
+    finally:
+        server.stop()

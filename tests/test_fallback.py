@@ -9,7 +9,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from shadow.replay.workload import StepModel, Workload
@@ -17,6 +16,7 @@ from shadow.service.http.app import create_app
 from shadow.service.settings import load_settings
 from shadow.stream.windows import WindowResult
 from shadow.world.loadgen import run_load
+from tests.service_helpers import served
 from tests.test_e2e import start_world, wait_until
 
 WORKERS = ["0", "1", "2", "3"]
@@ -33,7 +33,7 @@ def service(tmp_path):
         mode_cooldown_base_s=0.0, mode_recovery_windows=6, mode_min_requests=1,
     )  # fmt: skip
     app = create_app(settings)
-    with TestClient(app) as client:
+    with served(app) as client:
         body = events(*[{"type": "worker", "ts": 1.0, "worker": w, "capacity": 4} for w in WORKERS])
         assert client.post("/v1/events", content=body).status_code == 200
         client.post("/v1/flush")

@@ -7,7 +7,6 @@ import json
 from urllib.parse import quote
 
 import pytest
-from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.events import parse_ndjson
@@ -17,6 +16,7 @@ from shadow.service.settings import load_settings
 from shadow.service.store import ServiceStore
 from shadow.stream.fleet import FleetCore
 from shadow.stream.join import reason_label
+from tests.service_helpers import served
 
 
 def open_pipeline(path) -> Pipeline:
@@ -287,13 +287,14 @@ def test_the_counters_on_metrics_after_posting_events(tmp_path):
         {**tap_finish("c", 3), "reason": "content_filter", "raw_reason": "content_filter"},
         engine_finish("stranger", 40),
     ]
-    with TestClient(create_app(settings)) as client:
+    app = create_app(settings)
+    with served(app) as client:
         body = "\n".join(json.dumps(e) for e in events)
         response = client.post("/v1/events", content=body)
         assert response.status_code == 200 and response.json()["accepted"] == len(events)
         client.post("/v1/flush")
         found = metric_samples(client.get("/metrics").text)
-        stored = client.app.state.shadow.runtime.store.query(
+        stored = app.state.shadow.runtime.store.query(
             "SELECT reason, raw_reason, estimated, from_engine FROM events "
             "WHERE type = 'finish' AND request_id = 'c'"
         )
@@ -353,7 +354,7 @@ def test_an_n_child_history_shows_its_kept_finish(tmp_path, engine_first):
     engine = [engine_finish("cmpl-y-0", 7, ts=5.0), engine_finish("cmpl-y-0", 7, ts=5.0)]
     tap = [tap_finish(k, 5, ts=5.1 if engine_first else 4.9) for k in kids]
     events = [*started(*kids), *(engine + tap if engine_first else tap + engine)]
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         response = client.post("/v1/events", content="\n".join(json.dumps(e) for e in events))
         assert response.json()["accepted"] == len(events)
         client.post("/v1/flush")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.service.http.app import create_app
 from shadow.service.settings import load_settings
-from tests.service_helpers import batches, record
+from tests.service_helpers import batches, record, served
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -22,7 +21,7 @@ def test_metrics_after_recorded_traffic(tmp_path):
     log = tmp_path / "jsq.jsonl"
     result, _ = record(log, 400)
     settings = load_settings(None, db=tmp_path / "m.duckdb", workers_processes=False, window_s=10.0)
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         for body in batches(log, 2000):
             assert client.post("/v1/events", content=body).status_code == 200
         client.post("/v1/flush")
@@ -93,7 +92,7 @@ def test_footprint_of_the_server_its_workers_and_duckdb(tmp_path):
     log = tmp_path / "jsq.jsonl"
     record(log, 200)
     settings = load_settings(None, db=tmp_path / "f.duckdb", workers_processes=True)
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         for body in batches(log, 2000):
             assert client.post("/v1/events", content=body).status_code == 200
         found = samples(client.get("/metrics").text)

@@ -278,11 +278,11 @@ def test_sources_delayed_any_amount_against_each_other_apply_in_event_time(
 def test_late_events_are_counted_by_source_in_metrics_and_the_snapshot(tmp_path):
     """With no wait (the rule before), the tap's dispatches behind the engines' steps
     come late: /metrics and the snapshot name the tap and the kinds."""
-    from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
     from shadow.service.http.app import create_app
     from shadow.service.settings import load_settings
+    from tests.service_helpers import served
 
     settings = load_settings(None, db=tmp_path / "late.duckdb", workers_processes=False,
                              windows=False, ingest={"source_wait_s": 0.0})  # fmt: skip
@@ -298,7 +298,7 @@ def test_late_events_are_counted_by_source_in_metrics_and_the_snapshot(tmp_path)
     readies = [
         {"type": "ready", "ts": 1.0, "request_id": f"r{r}", "prompt_tokens": 5} for r in range(4)
     ]
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         assert client.post("/v1/events", content=body("tap", worker)).status_code == 200
         assert client.post("/v1/events", content=body("engines", idle_steps(10))).status_code == 200
         late = body("router", readies + dispatches)

@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from shadow.cli import app
@@ -32,6 +31,7 @@ from shadow.sweep.executors import CellTask
 from shadow.sweep.grid import cell_key, workload_digest
 from shadow.sweep.run import results_by_key
 from shadow.sweep.store import EngineQuery, sweep_rows
+from tests.service_helpers import served
 
 runner = CliRunner()
 
@@ -347,43 +347,43 @@ def test_heatmap_api(tmp_path):
         api = FastAPI()
         api.include_router(sweeps.router)
         api.dependency_overrides[service_store] = lambda: store
-        client = TestClient(api)
-        listed = client.get("/v1/sweeps").json()["items"]
-        assert [(s["name"], s["trace"], s["cells"]) for s in listed] == [
-            ("small", "synthetic:small", GRID_CELLS)
-        ]
-        assert listed[0]["varied"] == ["policy", "beta", "gamma", "seed"]
-        assert listed[0]["values"]["beta"] == [20.0, 43.0]
+        with served(api) as client:
+            listed = client.get("/v1/sweeps").json()["items"]
+            assert [(s["name"], s["trace"], s["cells"]) for s in listed] == [
+                ("small", "synthetic:small", GRID_CELLS)
+            ]
+            assert listed[0]["varied"] == ["policy", "beta", "gamma", "seed"]
+            assert listed[0]["values"]["beta"] == [20.0, 43.0]
 
-        got = client.get(
-            "/v1/sweeps/small/heatmap",
-            params={"x": "beta", "y": "gamma", "metric": "tpot_p95_ms", "policy": "brh-oracle"},
-        )
-        assert got.status_code == 200, got.text
-        body = got.json()
-        assert body["x"] == {"name": "beta", "values": [20.0, 43.0]}
-        assert body["y"] == {"name": "gamma", "values": [0.8, 0.9]}
-        assert body["metric"] == "tpot_p95_ms" and body["cells"] == 8
-        rows = sweep_rows(store, "small")
-        for j, gamma in enumerate(body["y"]["values"]):
-            for i, beta in enumerate(body["x"]["values"]):
-                values = [
-                    r["metrics"]["tpot_p95_ms"]
-                    for r in rows
-                    if r["params"]["policy"] == "brh-oracle"
-                    and r["params"]["beta"] == beta
-                    and r["params"]["gamma"] == gamma
-                ]
-                assert len(values) == 2
-                assert body["z"][j][i] == pytest.approx(sum(values) / 2, abs=1e-4)
-        seed1 = client.get("/v1/sweeps/small/heatmap", params={"policy": "jsq", "seeds": "1"})
-        assert seed1.status_code == 200 and seed1.json()["cells"] == 1
+            got = client.get(
+                "/v1/sweeps/small/heatmap",
+                params={"x": "beta", "y": "gamma", "metric": "tpot_p95_ms", "policy": "brh-oracle"},
+            )
+            assert got.status_code == 200, got.text
+            body = got.json()
+            assert body["x"] == {"name": "beta", "values": [20.0, 43.0]}
+            assert body["y"] == {"name": "gamma", "values": [0.8, 0.9]}
+            assert body["metric"] == "tpot_p95_ms" and body["cells"] == 8
+            rows = sweep_rows(store, "small")
+            for j, gamma in enumerate(body["y"]["values"]):
+                for i, beta in enumerate(body["x"]["values"]):
+                    values = [
+                        r["metrics"]["tpot_p95_ms"]
+                        for r in rows
+                        if r["params"]["policy"] == "brh-oracle"
+                        and r["params"]["beta"] == beta
+                        and r["params"]["gamma"] == gamma
+                    ]
+                    assert len(values) == 2
+                    assert body["z"][j][i] == pytest.approx(sum(values) / 2, abs=1e-4)
+            seed1 = client.get("/v1/sweeps/small/heatmap", params={"policy": "jsq", "seeds": "1"})
+            assert seed1.status_code == 200 and seed1.json()["cells"] == 1
 
-        assert client.get("/v1/sweeps/nope/heatmap").status_code == 404
-        for bad in ({"x": "bogus"}, {"metric": "nope"}, {"x": "beta", "y": "beta"},
-                    {"policy": "bogus"}, {"limit": "3"}):  # fmt: skip
-            answer = client.get("/v1/sweeps/small/heatmap", params=bad)
-            assert answer.status_code == 400, (bad, answer.text)
+            assert client.get("/v1/sweeps/nope/heatmap").status_code == 404
+            for bad in ({"x": "bogus"}, {"metric": "nope"}, {"x": "beta", "y": "beta"},
+                        {"policy": "bogus"}, {"limit": "3"}):  # fmt: skip
+                answer = client.get("/v1/sweeps/small/heatmap", params=bad)
+                assert answer.status_code == 400, (bad, answer.text)
     finally:
         store.close()
 
