@@ -337,6 +337,18 @@ def test_bench_fleet_samples_fit_a_ci_log_without_cutting_a_number() -> None:
                             "112.3", "97.4"], text  # fmt: skip
 
 
+def test_replay_tables_name_every_policy_whole_in_a_ci_log() -> None:
+    """At 80 columns Rich cut the longest policy name to 'vllm-dplb-lega…' and 'jsq-po…'."""
+    names = "vllm-dplb-legacy,ascend-proxy,jsq-pool,jsq"
+    result = runner.invoke(app, ["replay", "synthetic:small", "--limit", "60",
+                                 "--policies", names])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output and max(map(len, result.output.splitlines())) <= 80
+    table_rows = [line for line in result.output.splitlines() if line.startswith("│")]
+    named = [row.split("│")[1].strip() for row in table_rows]
+    assert named == names.split(",") * 2, result.output  # the headline, then the detail
+
+
 def test_bench_fleet_growth_by_process_does_not_count_a_late_start() -> None:
     """The window worker starts with the first due window (~2 minutes in): the total's
     slope counts its start as growth, its own slope from its first sample does not."""

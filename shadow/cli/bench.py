@@ -20,6 +20,7 @@ from shadow.cli.shared import (
     console,
     fail,
     policy_names,
+    sized_table,
 )
 
 bench_app = typer.Typer(
@@ -42,11 +43,9 @@ def bench_router(
     from shadow.bench import router
 
     names = policy_names(policies)
-    table = Table(title=f"Admission round latency ({rounds} rounds per case)")
-    for column in ("policy", "G", "B", "pool", "free", "P50 ms", "P99 ms", "max ms", "P99 target",
-                   "CPU P50 ms", "CPU P99 ms"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "policy" else "right")
     results = []
+    #: (G, B, pool, free) -> a row per policy: a table per case fits 80 columns
+    by_case: dict[tuple[int, int, int, int], list[tuple[str, ...]]] = {}
     total = len(names) * len(router.DEFAULT_CASES)
     with console.status("timing admission rounds") as status:
         for done, (case, result) in enumerate(
@@ -59,20 +58,20 @@ def bench_router(
                 met = result.p99_ms <= case.target_p99_ms
                 verdict = "[green]ok" if met else "[red]MISSED"
                 target = f"<= {case.target_p99_ms:g} {verdict}"
-            table.add_row(
-                result.policy,
-                str(result.workers),
-                str(result.batch),
-                str(result.pool),
-                str(result.free_slots),
-                f"{result.p50_ms:.3f}",
-                f"{result.p99_ms:.3f}",
-                f"{result.max_ms:.3f}",
+            shape = (result.workers, result.batch, result.pool, result.free_slots)
+            by_case.setdefault(shape, []).append((
+                result.policy, f"{result.p50_ms:.3f}", f"{result.p99_ms:.3f}",
+                f"{result.max_ms:.3f}", f"{result.cpu_p50_ms:.3f}", f"{result.cpu_p99_ms:.3f}",
                 target,
-                f"{result.cpu_p50_ms:.3f}",
-                f"{result.cpu_p99_ms:.3f}",
-            )
-    console.print(table)
+            ))  # fmt: skip
+    console.print(
+        f"Admission round latency in ms, wall clock and the thread's CPU time "
+        f"({rounds} rounds per case)"
+    )
+    for (workers, batch, pool, free), rows in by_case.items():
+        title = f"G = {workers}, B = {batch}, pool {pool:,}, {free} free"
+        headers = ("policy", "P50", "P99", "max", "CPU P50", "CPU P99", "P99 target")
+        console.print(sized_table(title, headers, rows))
     if json_out is not None:
         json_out.write_text(json.dumps(router.as_json(results), indent=2) + "\n")
         console.print(f"wrote {json_out}")
@@ -99,23 +98,20 @@ def bench_ingest(
         report = bench.run(requests, workdir, counterfactuals)
     log = report["log"]
     windows = "windows on: continuous counterfactuals" if counterfactuals else "windows off"
-    table = Table(
-        title=f"Ingest: {log['events']:,} events, 8 workers, {log['fleet_seconds']:.0f} s "
-        f"of fleet time (audit + invariants on, {windows})"
-    )
+    title = (f"Ingest: {log['events']:,} events, 8 workers, {log['fleet_seconds']:.0f} s of "
+             f"fleet time (audit + invariants on, {windows})")  # fmt: skip
     columns = ["path", "events", "seconds", "events/s", "target"]
     if counterfactuals:
         columns[2:2] = ["windows", "acknowledged at, s"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "path" else "right")
+    rows = []
     for result in report["results"]:
         met = "[green]ok" if result["events_per_s"] >= result["target"] else "[red]MISSED"
         cells = [result["path"], f"{result['events']:,}", f"{result['seconds']:.2f}",
                  f"{result['events_per_s']:,.0f}", f">= {result['target']:,.0f} {met}"]  # fmt: skip
         if counterfactuals:
             cells[2:2] = [f"{result['windows']:,}", f"{result['acknowledged_seconds']:.2f}"]
-        table.add_row(*cells)
-    console.print(table)
+        rows.append(cells)
+    console.print(sized_table(title, columns, rows))
     if counterfactuals:
         console.print(
             "seconds and events/s run until the last window is stored; 'acknowledged at' is "
@@ -304,12 +300,10 @@ def bench_replay(
         batch=batch,
         step_model=model,
     )
-    table = Table(
-        title=f"Replay speed: {loaded.source}, {len(workload):,} requests, "
-        f"G = {workers}, B = {batch}, load {load}"
-    )
-    for column in ("policy", "steps", "seconds", "steps/s", "peak RSS MiB", "before MiB", "target"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
+    title = (f"Replay speed: {loaded.source}, {len(workload):,} requests, G = {workers}, "
+             f"B = {batch}, load {load}")  # fmt: skip
+    headers = ("policy", "steps", "seconds", "steps/s", "peak RSS MiB", "before MiB", "target")
+    rows: list[tuple[str, ...]] = []
     results = []
     with console.status("replaying") as status:
         for name in names:
@@ -320,17 +314,13 @@ def bench_replay(
             results.append(result)
             goal = 8_000 if is_balance_route(name) else 30_000  # BR-0 and BR-H: 8,000
             verdict = "[green]ok" if result.steps_per_s >= goal else "[red]MISSED"
-            table.add_row(
-                name,
-                f"{result.steps:,}",
-                f"{result.seconds:.2f}",
-                f"{result.steps_per_s:,.0f}",
-                f"{result.peak_rss_mib:.0f}",
-                f"{result.baseline_rss_mib:.0f}",
+            rows.append((
+                name, f"{result.steps:,}", f"{result.seconds:.2f}", f"{result.steps_per_s:,.0f}",
+                f"{result.peak_rss_mib:.0f}", f"{result.baseline_rss_mib:.0f}",
                 f">= {goal:,} {verdict}",
-            )
+            ))  # fmt: skip
     total = sum(r.seconds for r in results)
-    console.print(table)
+    console.print(sized_table(title, headers, rows))
     console.print(f"all {len(results)} policies: {total:.1f} s of replay (target <= 30 s)")
     document = bench.as_json(results) | {"total_s": total}
     if continuous:

@@ -13,7 +13,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from shadow.cli.shared import BenchWorkdir, console, fail
+from shadow.cli.shared import BenchWorkdir, console, fail, sized_table
 
 
 def bench_fleet(
@@ -170,9 +170,8 @@ def _print_report(report: dict, workers: int, batch: int, json_out: Path | None)
 
 
 def _samples_table(path: str, samples: list[dict], every_s: float) -> Table:
-    """One pass's 30 s samples. One table per pass, a column per held count, and each
-    column as wide as its longest number or header word (Rich would otherwise shrink all
-    columns alike), so that it fits 80 columns, a CI log's width, with no number cut."""
+    """One pass's 30 s samples: one table per pass and a column per held count, so that
+    it fits 80 columns, a CI log's width, with no number cut."""
     headers = ("fleet s", "wall s", "audit lag", "source lag", "cf win", "cf lag", "RSS MiB",
                "held live", "held done", "held win")  # fmt: skip
     rows = []
@@ -183,13 +182,10 @@ def _samples_table(path: str, samples: list[dict], every_s: float) -> Table:
                      f"{s['behind_s']:.2f}", f"{s['windows']}",
                      "-" if cf is None else f"{cf:.0f}",
                      f"{sum(s['rss_mib'].values()):,.0f}", *held))  # fmt: skip
-    table = Table(title=f"{path}: every {every_s:.0f} s of fleet time", box=box.SIMPLE_HEAD,
-                  caption="lag: seconds of fleet time behind the fleet's clock; cf: the "
-                  "counterfactual windows stored (win) and how far the latest lags; held: "
-                  "requests held, in thousands: live, finished (done), by the windows")  # fmt: skip
-    for i, header in enumerate(headers):
-        width = max(max(map(len, header.split())), *(len(row[i]) for row in rows))
-        table.add_column(header, justify="right", width=width)
-    for row in rows:
-        table.add_row(*row)
-    return table
+    caption = (
+        "lag: seconds of fleet time behind the fleet's clock; cf: the counterfactual windows "
+        "stored (win) and how far the latest lags; held: requests held, in thousands: live, "
+        "finished (done), by the windows"
+    )
+    return sized_table(f"{path}: every {every_s:.0f} s of fleet time", headers, rows, left=0,
+                       box=box.SIMPLE_HEAD, caption=caption)  # fmt: skip

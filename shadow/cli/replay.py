@@ -12,9 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from shadow.cli.shared import ALL_POLICIES, DEFAULT_DB, console, err_console, fail, policy_names
+from shadow.cli.shared import (
+    ALL_POLICIES,
+    DEFAULT_DB,
+    console,
+    err_console,
+    fail,
+    policy_names,
+    sized_table,
+)
 
 if TYPE_CHECKING:
     from shadow.replay.workload import StepModel, Workload
@@ -73,20 +80,10 @@ def load_workload(
 def _print_replay_tables(policies: dict, title: str) -> None:
     from shadow.analysis.report import DETAIL_COLUMNS, detail_rows, headline_headings, headline_rows
 
-    headline = Table(title=title)
-    headline.add_column("policy")
-    for heading in headline_headings():
-        headline.add_column(heading, justify="right")
-    for row in headline_rows(policies):
-        headline.add_row(*row)
-    console.print(headline)
-    detail = Table()
-    detail.add_column("policy")
-    for _, heading, _ in DETAIL_COLUMNS:
-        detail.add_column(heading, justify="right")
-    for row in detail_rows(policies):
-        detail.add_row(*row)
-    console.print(detail)
+    headings = ["policy", *headline_headings()]
+    console.print(sized_table(title, headings, list(headline_rows(policies))))
+    headings = ["policy", *(heading for _, heading, _ in DETAIL_COLUMNS)]
+    console.print(sized_table(None, headings, list(detail_rows(policies))))
     console.print("lower imbalance and TPOT, higher tok/s are better; ratios are against jsq")
 
 

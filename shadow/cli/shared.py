@@ -4,12 +4,15 @@ policy list, and the options several commands take with the same meaning."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from shadow.policies import POLICY_NAMES
@@ -35,6 +38,35 @@ BenchWorkdir = Annotated[
         "removed afterwards)."
     ),
 ]
+
+
+def sized_table(
+    title: str | None,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    left: int = 1,
+    **options: object,
+) -> Table:
+    """A table whose columns are sized by their cells (markup aside), so no number is cut.
+
+    Past the console's width (80 in a CI log, which has no terminal) Rich shrinks all
+    columns alike and cuts numbers to '0.1…'. Here each column is as wide as its longest
+    cell and its header, or, when that is too wide for the console, as its longest cell
+    and header word (the headers wrap). Too many columns still do not fit: keep a table's
+    cells within ~50 characters. The first `left` columns are names, justified left."""
+    cells = [max((Text.from_markup(row[i]).cell_len for row in rows), default=0)
+             for i in range(len(headers))]  # fmt: skip
+    whole = [max(len(header), cell) for header, cell in zip(headers, cells, strict=True)]
+    if sum(whole) + 3 * len(headers) + 1 > console.width:
+        whole = [max(max(map(len, header.split() or [""])), cell)
+                 for header, cell in zip(headers, cells, strict=True)]  # fmt: skip
+    table = Table(title=title, **options)  # type: ignore[arg-type]
+    for i, (header, width) in enumerate(zip(headers, whole, strict=True)):
+        table.add_column(header, justify="left" if i < left else "right", width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
