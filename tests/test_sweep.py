@@ -159,6 +159,8 @@ def test_sweep_stores_cells_resumes_and_exports_parquet(tmp_path):
     first = runner.invoke(app, [*args, "--jobs", "1", "--parquet", str(out)])
     assert first.exit_code == 0, first.output
     assert f"running {GRID_CELLS} on this process" in first.output
+    # its tables whole at 80 columns (a CI log): Rich cut them to 'brh-s…' and '732..…'
+    assert "…" not in first.output and "brh-oracle" in first.output
     assert _count(db, "SELECT count(*) AS n FROM replay_runs") == GRID_CELLS
     assert _count(db, "SELECT count(*) AS n FROM sweep_cells") == GRID_CELLS
     assert _count(db, "SELECT count(*) AS n FROM replay_steps") == 0  # no --steps

@@ -4,13 +4,13 @@ spelling."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from shadow.cli.shared import DEFAULT_DB, console, err_console, fail
+from shadow.cli.shared import DEFAULT_DB, console, err_console, fail, sized_table
 
 
 def sweep(
@@ -209,27 +209,28 @@ def _print_sweep_summary(rows: list[dict]) -> None:
     )
 
     summaries = summarize_sweep(rows)
-    overview = Table(title=f"Sweep: {len(rows)} cells, metrics averaged over seeds")
-    for heading in POLICY_HEADINGS:
-        overview.add_column(
-            heading, justify="left" if heading in ("policy", "best at") else "right"
-        )
-    for row in policy_table_rows(summaries):
-        overview.add_row(*row)
-    console.print(overview)
+    _print_in_two(f"Sweep: {len(rows)} cells, metrics averaged over seeds", POLICY_HEADINGS,
+                  policy_table_rows(summaries), split=6)  # fmt: skip
     for summary in summaries:
         for entry in summary["params"]:
-            table = Table(title=f"{summary['policy']} by {entry['param']}")
-            table.add_column(entry["param"], justify="right")
-            for heading in PARAM_HEADINGS:
-                table.add_column(heading, justify="left" if heading == "best at" else "right")
-            for row in param_table_rows(entry):
-                table.add_row(*row)
-            console.print(table)
+            title = f"{summary['policy']} by {entry['param']}"
+            headers = (entry["param"], *PARAM_HEADINGS)
+            _print_in_two(title, headers, param_table_rows(entry), split=5)
     for summary in summaries:
         console.print(summary["sentence"])
         for entry in summary["params"]:
             console.print(f"  {entry['sentence']}")
+
+
+def _print_in_two(
+    title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], split: int
+) -> None:
+    """A wide table as two, each led by the first column: the best configuration, then
+    the ranges. In one table the nine columns did not fit 80 (a CI log), and Rich cut
+    policy names and ranges to 'brh-s…' and '732..…'."""
+    console.print(sized_table(title, headers[:split], [row[:split] for row in rows]))
+    rest = [headers[0], *headers[split:]]
+    console.print(sized_table(None, rest, [[row[0], *row[split:]] for row in rows]))
 
 
 _RAY_ADDRESS = re.compile(r"^(auto|local|[a-z]+://\S+|[\w.-]+:\d+)$")
