@@ -9,7 +9,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from shadow.bench import fleet_samples
-from shadow.cli import app, bench_fleet
+from shadow.cli import app, bench_fleet, shared
 from shadow.service.settings import load_settings
 
 runner = CliRunner()
@@ -328,11 +328,12 @@ def test_bench_fleet_samples_fit_a_ci_log_without_cutting_a_number() -> None:
          "held": {"live": 43_162, "finished": 111_988 + t, "windows": 97_400}}
         for t in range(30, 301, 30)
     ]  # fmt: skip
-    out = io.StringIO()
-    Console(file=out, width=80).print(bench_fleet._samples_table("http", samples, 30.0))
+    out = io.StringIO()  # the console's width: 80 here, as in a CI log, unless COLUMNS says
+    width = shared.console.width
+    Console(file=out, width=width).print(bench_fleet._samples_table("http", samples, 30.0))
     text = out.getvalue()
-    assert "…" not in text and max(map(len, text.splitlines())) <= 80
-    last = text.splitlines()[-5]  # the 300 s row, above the caption's three lines
+    assert "…" not in text and max(map(len, text.splitlines())) <= width
+    last = next(line for line in text.splitlines() if line.split()[:1] == ["300"])
     assert last.split() == ["300", "123.0", "20.37", "0.00", "5", "150", "1,293", "43.2",
                             "112.3", "97.4"], text  # fmt: skip
 
@@ -343,10 +344,26 @@ def test_replay_tables_name_every_policy_whole_in_a_ci_log() -> None:
     result = runner.invoke(app, ["replay", "synthetic:small", "--limit", "60",
                                  "--policies", names])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "…" not in result.output and max(map(len, result.output.splitlines())) <= 80
+    width = shared.console.width  # 80 here, as in a CI log, unless COLUMNS says otherwise
+    assert "…" not in result.output and max(map(len, result.output.splitlines())) <= width
     table_rows = [line for line in result.output.splitlines() if line.startswith("│")]
     named = [row.split("│")[1].strip() for row in table_rows]
     assert named == names.split(",") * 2, result.output  # the headline, then the detail
+
+
+def test_a_sized_table_wraps_text_before_it_cuts_a_number() -> None:
+    """`bench ingest`'s table: whole, it is 88 columns; its headers wrapped, still 85;
+    with the text cells wrapped too, it fits 80 and every number is whole."""
+    rows = [["file", "377,664", "46", "7.03", "8.17", "46,227", ">= 50,000 [red]MISSED"],
+            ["http (batches of 1000)", "377,664", "46", "9.21", "10.09", "37,430",
+             ">= 20,000 [green]ok"]]  # fmt: skip
+    headers = ["path", "events", "windows", "acknowledged at, s", "seconds", "events/s", "target"]
+    out = io.StringIO()
+    Console(file=out, width=80).print(shared.sized_table("Ingest", headers, rows, width=80))
+    text = out.getvalue()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80, text
+    for number in ("377,664", "7.03", "10.09", "46,227", "37,430", "50,000", "20,000"):
+        assert number in text, (number, text)
 
 
 def test_bench_fleet_growth_by_process_does_not_count_a_late_start() -> None:

@@ -4,7 +4,7 @@ policy list, and the options several commands take with the same meaning."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -46,23 +46,33 @@ def sized_table(
     rows: Sequence[Sequence[str]],
     *,
     left: int = 1,
+    width: int | None = None,
     **options: object,
 ) -> Table:
     """A table whose columns are sized by their cells (markup aside), so no number is cut.
 
     Past the console's width (80 in a CI log, which has no terminal) Rich shrinks all
     columns alike and cuts numbers to '0.1…'. Here each column is as wide as its longest
-    cell and its header, or, when that is too wide for the console, as its longest cell
-    and header word (the headers wrap). Too many columns still do not fit: keep a table's
-    cells within ~50 characters. The first `left` columns are names, justified left."""
-    cells = [max((Text.from_markup(row[i]).cell_len for row in rows), default=0)
-             for i in range(len(headers))]  # fmt: skip
-    whole = [max(len(header), cell) for header, cell in zip(headers, cells, strict=True)]
-    if sum(whole) + 3 * len(headers) + 1 > console.width:
-        whole = [max(max(map(len, header.split() or [""])), cell)
-                 for header, cell in zip(headers, cells, strict=True)]  # fmt: skip
+    cell and header; when that is too wide for the console, the headers wrap at their
+    spaces, and then the cells too (a number has none, so it stays whole). Too many
+    columns still do not fit: keep a table's longest words within ~50 characters.
+    The first `left` columns are names, justified left; `width`: the console's."""
+
+    def widest(texts: Iterable[str], words: bool) -> int:
+        plain = (Text.from_markup(text).plain for text in texts)
+        return max((len(w) for t in plain for w in (t.split() if words else [t])), default=0)
+
+    cells = [[row[i] for row in rows] for i in range(len(headers))]
+    candidates = (  # the first that fits: all whole, the headers wrapped, everything wrapped
+        [max(widest([h], False), widest(c, False)) for h, c in zip(headers, cells, strict=True)],
+        [max(widest([h], True), widest(c, False)) for h, c in zip(headers, cells, strict=True)],
+        [max(widest([h], True), widest(c, True)) for h, c in zip(headers, cells, strict=True)],
+    )
+    room = console.width if width is None else width
+    fits = (w for w in candidates if sum(w) + 3 * len(w) + 1 <= room)
+    widths = next(fits, candidates[-1])
     table = Table(title=title, **options)  # type: ignore[arg-type]
-    for i, (header, width) in enumerate(zip(headers, whole, strict=True)):
+    for i, (header, width) in enumerate(zip(headers, widths, strict=True)):
         table.add_column(header, justify="left" if i < left else "right", width=width)
     for row in rows:
         table.add_row(*row)
