@@ -4,7 +4,7 @@ policy list, and the options several commands take with the same meaning."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -58,22 +58,25 @@ def sized_table(
     columns still do not fit: keep a table's longest words within ~50 characters.
     The first `left` columns are names, justified left; `width`: the console's."""
 
-    def widest(texts: Iterable[str], words: bool) -> int:
-        plain = (Text.from_markup(text).plain for text in texts)
-        return max((len(w) for t in plain for w in (t.split() if words else [t])), default=0)
+    def widths(text: str) -> tuple[int, int]:
+        """(the text's width, its longest word's): parsed once, markup aside."""
+        plain = Text.from_markup(text).plain
+        return len(plain), max(map(len, plain.split()), default=0)
 
-    cells = [[row[i] for row in rows] for i in range(len(headers))]
+    heads = [widths(header) for header in headers]
+    cells = [[widths(row[i]) for row in rows] for i in range(len(headers))]
+    whole = [max((w for w, _ in column), default=0) for column in cells]
+    word = [max((w for _, w in column), default=0) for column in cells]
     candidates = (  # the first that fits: all whole, the headers wrapped, everything wrapped
-        [max(widest([h], False), widest(c, False)) for h, c in zip(headers, cells, strict=True)],
-        [max(widest([h], True), widest(c, False)) for h, c in zip(headers, cells, strict=True)],
-        [max(widest([h], True), widest(c, True)) for h, c in zip(headers, cells, strict=True)],
+        [max(h, c) for (h, _), c in zip(heads, whole, strict=True)],
+        [max(h, c) for (_, h), c in zip(heads, whole, strict=True)],
+        [max(h, c) for (_, h), c in zip(heads, word, strict=True)],
     )
     room = console.width if width is None else width
-    fits = (w for w in candidates if sum(w) + 3 * len(w) + 1 <= room)
-    widths = next(fits, candidates[-1])
+    chosen = next((w for w in candidates if sum(w) + 3 * len(w) + 1 <= room), candidates[-1])
     table = Table(title=title, **options)  # type: ignore[arg-type]
-    for i, (header, width) in enumerate(zip(headers, widths, strict=True)):
-        table.add_column(header, justify="left" if i < left else "right", width=width)
+    for i, (header, column_width) in enumerate(zip(headers, chosen, strict=True)):
+        table.add_column(header, justify="left" if i < left else "right", width=column_width)
     for row in rows:
         table.add_row(*row)
     return table
