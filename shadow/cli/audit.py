@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import typer
-
 from shadow.cli.client import ServiceClient, ServiceError, TokenFileOption
-from shadow.cli.shared import DEFAULT_DB, DbOption, ParagraphSummaries, UrlOption, console, fail
+from shadow.cli.shared import DEFAULT_DB, DbOption, UrlOption, command_group, console, fail
 
-audit_app = typer.Typer(
-    cls=ParagraphSummaries, help="The tamper-evident audit log.", no_args_is_help=True
-)
+audit_app = command_group("The tamper-evident audit log.")
 
 
 @audit_app.command("verify")

@@ -16,16 +16,14 @@ from shadow.cli.replay import load_workload
 from shadow.cli.shared import (
     ALL_POLICIES,
     BenchWorkdir,
-    ParagraphSummaries,
+    command_group,
     console,
     fail,
     policy_names,
     sized_table,
 )
 
-bench_app = typer.Typer(
-    cls=ParagraphSummaries, help="Benchmarks that print numbers.", no_args_is_help=True
-)
+bench_app = command_group("Benchmarks that print numbers.")
 
 
 @bench_app.command("router")

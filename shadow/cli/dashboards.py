@@ -7,12 +7,10 @@ from typing import Annotated
 
 import typer
 
-from shadow.cli.shared import ParagraphSummaries, console, fail
+from shadow.cli.shared import command_group, console, fail
 
-dashboards_app = typer.Typer(
-    cls=ParagraphSummaries,
-    help="Grafana dashboards: export the JSON built from code, or provision a Grafana.",
-    no_args_is_help=True,
+dashboards_app = command_group(
+    "Grafana dashboards: export the JSON built from code, or provision a Grafana."
 )
 
 

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from shadow.cli.shared import DEFAULT_DB, ParagraphSummaries, console, fail
+from shadow.cli.shared import DEFAULT_DB, command_group, console, fail
 
-db_app = typer.Typer(cls=ParagraphSummaries, help="The DuckDB database.", no_args_is_help=True)
+db_app = command_group("The DuckDB database.")
 
 
 @db_app.command("upgrade")

@@ -8,12 +8,10 @@ from typing import Annotated
 import typer
 
 from shadow.cli.client import ServiceClient, ServiceError, TokenFileOption
-from shadow.cli.shared import DEFAULT_DB, DbOption, ParagraphSummaries, UrlOption, console, fail
+from shadow.cli.shared import DEFAULT_DB, DbOption, UrlOption, command_group, console, fail
 
-mode_app = typer.Typer(
-    cls=ParagraphSummaries,
-    help="A fleet's mode: shadow, live, fallback, latched. Every change needs --reason.",
-    no_args_is_help=True,
+mode_app = command_group(
+    "A fleet's mode: shadow, live, fallback, latched. Every change needs --reason."
 )
 
 

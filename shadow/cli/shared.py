@@ -105,6 +105,13 @@ class ParagraphSummaries(TyperGroup):
         return command
 
 
+def command_group(help: str) -> typer.Typer:
+    """A `shadow` sub-command group (`bench`, `db`, `mode`, ...), made one way: each
+    command listed with its summary as one paragraph (`ParagraphSummaries`), and its help
+    printed when it is called without a command."""
+    return typer.Typer(cls=ParagraphSummaries, help=help, no_args_is_help=True)
+
+
 class WholeErrorsGroup(ParagraphSummaries):
     """The `shadow` group: off a terminal, a usage error is Click's plain lines, not
     Typer's Rich panel, which is drawn at 80 columns there and cuts the sentence (and any
