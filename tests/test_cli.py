@@ -302,6 +302,28 @@ def test_bench_fleet_runs_the_counterfactuals_when_asked(tmp_path):
     )
 
 
+def test_bench_fleet_http_pass_finds_every_acknowledged_event_stored_once(tmp_path):
+    """The HTTP pass at the fleet's real-time rate (12 s of a small fleet): its stored
+    check reads the pass's database, and agrees with the stream it sent."""
+    out = tmp_path / "fleet.json"
+    result = runner.invoke(app, ["bench", "fleet", "--workers", "4", "--batch", "8",
+                                 "--minutes", "0.2", "--workdir", str(tmp_path),
+                                 "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    http = report["http"]
+    assert http["failed_batches"] == 0
+    check = http["stored"]
+    kinds = report["by_kind"]
+    assert check["mismatched"] == {} and check["duplicates"] == 0, check
+    assert check["stored"]["dispatch"] == kinds["dispatch"] > 0
+    assert check["stored"]["engine_step"] == kinds["engine_step"]
+    assert "progress" not in check["stored"]  # kept as each request's latest, counted apart
+    assert 0 < check["progress_requests"] <= kinds["ready"]
+    assert check["decisions"] == 3 * kinds["dispatch"]  # jsq-pool, br0, brh-survival
+    assert "stored once: mismatched none, duplicates 0" in " ".join(result.output.split())
+
+
 def test_bench_fleet_passes_the_audit_backlog_bound_to_the_service(tmp_path):
     """--max-audit-backlog reaches the pass's service settings; the report counts skips."""
     out = tmp_path / "fleet.json"

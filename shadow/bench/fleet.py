@@ -41,6 +41,7 @@ import numpy as np
 
 from shadow.bench.fleet_samples import Sample, footprint, sample_line, summarize_pass
 from shadow.bench.scrape import metric_sum, metric_value
+from shadow.bench.stored import stored_events
 from shadow.bench.workspace import workspace
 from shadow.events import iter_file
 from shadow.policies import make_policy
@@ -49,7 +50,6 @@ from shadow.replay.events import DEFAULT_PROGRESS_EVERY, iter_events
 from shadow.replay.workload import StepModel
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
-from shadow.service.store import LATEST_PROGRESS
 from shadow.stream.audit import AuditFollower
 from shadow.stream.items import (
     AuditRequest,
@@ -476,21 +476,11 @@ def ingest_http(
 def _stored_check(db: Path, acked: Counter[str]) -> dict[str, Any]:
     """Every acknowledged event stored once: counts by kind, duplicates, progress rows."""
     with duckdb.connect(str(db), read_only=True) as con:
-        stored = dict(con.execute(
-            "SELECT type, count(*) FROM events WHERE type NOT IN ('worker', 'progress') "
-            "GROUP BY type").fetchall())  # fmt: skip
-        stored["engine_step"] = con.execute("SELECT count(*) FROM engine_steps").fetchone()[0]
-        duplicates = con.execute(
-            "SELECT (SELECT count(*) FROM events) - (SELECT count(DISTINCT (fleet, source, "
-            "seq)) FROM events) + (SELECT count(*) FROM engine_steps) - (SELECT count("
-            "DISTINCT (fleet, source, seq)) FROM engine_steps)"
-        ).fetchone()[0]
-        progress_requests = con.execute(f"SELECT count(*) FROM {LATEST_PROGRESS}").fetchone()[0]
-        decisions = con.execute("SELECT count(*) FROM decisions").fetchone()[0]
-    missing = {kind: n - stored.get(kind, 0) for kind, n in acked.items()
-               if kind not in ("worker", "progress") and n != stored.get(kind, 0)}  # fmt: skip
-    return {"stored": stored, "mismatched": missing, "duplicates": duplicates,
-            "progress_requests": progress_requests, "decisions": decisions}  # fmt: skip
+        held = stored_events(con)
+    stored = {kind: n for kind, n in held.by_kind.items() if kind != "progress"}
+    missing = held.missing(dict(acked), skip=("worker", "progress"))
+    return {"stored": stored, "mismatched": missing, "duplicates": held.duplicates,
+            "progress_requests": held.progress_requests, "decisions": held.decisions}  # fmt: skip
 
 
 # -- the whole benchmark --------------------------------------------------------------

@@ -26,9 +26,9 @@ import numpy as np
 
 from shadow.bench.ingest import record
 from shadow.bench.scrape import metric_sum, metric_value
+from shadow.bench.stored import stored_events
 from shadow.bench.workspace import workspace
 from shadow.service.footprint import cpu_seconds, process_tree, resident_bytes
-from shadow.service.store import LATEST_PROGRESS
 from shadow.world.process import ServerProcess
 
 SHIFTED = ("ts", "seq", "request_id", "step")
@@ -335,20 +335,7 @@ def _run_in(
         server.stop()
     con = duckdb.connect(str(db), read_only=True)
     try:
-        stored = {
-            kind: n
-            for kind, n in con.execute(
-                "SELECT type, count(*) FROM events WHERE type <> 'worker' GROUP BY type"
-            ).fetchall()
-        }
-        stored["engine_step"] = con.execute("SELECT count(*) FROM engine_steps").fetchone()[0]
-        duplicates = con.execute(
-            "SELECT (SELECT count(*) FROM events) - (SELECT count(DISTINCT (fleet, source, "
-            "seq)) FROM events) + (SELECT count(*) FROM engine_steps) - (SELECT count("
-            "DISTINCT (fleet, source, seq)) FROM engine_steps)"
-        ).fetchone()[0]
-        progress_rows = con.execute(f"SELECT count(*) FROM {LATEST_PROGRESS}").fetchone()[0]
-        decisions = con.execute("SELECT count(*) FROM decisions").fetchone()[0]
+        held = stored_events(con)
         violations = dict(
             con.execute("SELECT kind, count(*) FROM violations GROUP BY kind").fetchall()
         )
@@ -357,7 +344,8 @@ def _run_in(
         con.close()
     acked = dict(tally.events)
     acked_progress = acked.pop("progress", 0)
-    lost = {k: acked[k] - stored.get(k, 0) for k in acked if acked[k] > stored.get(k, 0)}
+    stored = held.by_kind
+    lost = {kind: n for kind, n in held.missing(acked).items() if n > 0}
     latencies = sorted(tally.latencies_ms)
     warm = [sample for sample in rss if sample[0] >= WARM_UP_S] or rss
     settled = [i for i in intervals if i.start_s >= WARM_UP_S] or intervals
@@ -391,13 +379,13 @@ def _run_in(
         "stored": stored,
         "acknowledged": acked,
         "lost": lost,
-        "duplicates": int(duplicates),
+        "duplicates": held.duplicates,
         "progress": {
             "acknowledged_events": acked_progress,
             "requests": _progress_requests(templates, tally.batches_acked),
-            "stored_latest_rows": int(progress_rows),
+            "stored_latest_rows": held.progress_requests,
         },
-        "decisions_audited": int(decisions),
+        "decisions_audited": held.decisions,
         #: the audit when the load stopped: how far behind (fleet seconds), its queue,
         #: and the dispatches its sampling skipped (0: every dispatch audited)
         "audit_at_load_end": audit_at_end,
