@@ -1,4 +1,4 @@
-"""`shadow.replay.run`: the one replay path of `shadow replay` and the sweep cells."""
+"""`shadow.analysis.replay_run`: the one replay path of `shadow replay` and the sweep cells."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from shadow.policies import POLICY_NAMES
-from shadow.replay.run import (
+from shadow.analysis.replay_run import (
     EmptyWorkload,
     replay_policy,
     require_requests,
     retimed,
     store_runs,
 )
+from shadow.policies import POLICY_NAMES
 from shadow.replay.workload import StepModel
 from shadow.sweep.cell import TIMING_METRICS, run_cell
 from shadow.workloads.synthetic import generate
@@ -76,9 +76,9 @@ def test_store_runs_hands_every_policy_to_the_writer() -> None:
 
 
 def test_the_replay_path_imports_no_edge_package() -> None:
-    """The replay package is pure core: storing arrives as a writer, never an import."""
+    """The replay path is pure core: storing arrives as a writer, never an import."""
     code = (
-        "import json, sys, shadow.replay.run; "
+        "import json, sys, shadow.analysis.replay_run; "
         "print(json.dumps([m.split('.')[1] for m in sys.modules if m.startswith('shadow.')]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

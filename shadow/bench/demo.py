@@ -10,7 +10,7 @@ recorded arrivals (each request's ready time, prompt tokens and true output toke
 the events in the database), over the evaluated windows' span, replayed end to end
 offline under each policy with the fleet (G, B) and the one step model the continuous
 runs stepped under (the windows' stored a and b; the runs keep the model they started
-with), through `shadow replay`'s path (`replay.run.replay_policy`), deciding each arrival
+with), through `shadow replay`'s path (`analysis.replay_run.replay_policy`), deciding each arrival
 on arrival as the demo's router does. Each ratio is judged with the bias test's tolerance
 (`bias.within_tolerance`) and its interval's coverage.
 
@@ -33,11 +33,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+from shadow.analysis.replay_run import replay_policy
 from shadow.bench.bias import interval_covers, within_tolerance
 from shadow.gate.source import open_evidence
 from shadow.policies import NO_KEY, make_policy, prompt_key_id
 from shadow.replay.engine import FleetReplay
-from shadow.replay.run import replay_policy
 from shadow.replay.workload import StepModel, Workload
 from shadow.workloads.traces import write_trace
 from shadow.world.process import ServerProcess

@@ -1,6 +1,6 @@
 """`shadow replay`: replay a trace or preset under each policy and compare them.
 
-The replay itself is `shadow.replay.run`'s (the path the sweep cells take too); this
+The replay itself is `shadow.analysis.replay_run`'s (the path the sweep cells take too); this
 module resolves the workload from the command line, draws the progress and the tables,
 and writes the JSON, the event stream and the stored run.
 """
@@ -44,7 +44,7 @@ def load_workload(
 ) -> tuple[LoadResult, Workload]:
     """The trace or preset as loaded, and the workload to replay (re-timed); a bad trace,
     bad filters or nothing left to replay end the command with its error."""
-    from shadow.replay.run import EmptyWorkload, require_requests, retimed
+    from shadow.analysis.replay_run import EmptyWorkload, require_requests, retimed
     from shadow.workloads.traces import TraceError, resolve_workload
 
     if load is not None and rate_scale is not None:
@@ -147,9 +147,9 @@ def replay(
     """Replay a trace or preset under each policy and compare them, as in the paper."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from shadow.analysis.replay_run import replay_policy
     from shadow.analysis.report import replay_report
     from shadow.replay.events import write_events
-    from shadow.replay.run import replay_policy
     from shadow.replay.workload import StepModel
 
     names = policy_names(policies)
@@ -230,7 +230,7 @@ def replay(
         console.print(f"wrote {count:,} events of the {first} replay to {emit_events}")
     if db is not None and not no_db:
         from shadow import __version__
-        from shadow.replay.run import store_runs
+        from shadow.analysis.replay_run import store_runs
         from shadow.storage import open_database
 
         with open_database(db) as database:

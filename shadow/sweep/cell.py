@@ -3,7 +3,7 @@
 Plain data in (a workload and a parameter mapping), plain data out (the metrics, and the
 per-step series when asked), so the same function runs in this process, in a process pool
 or as a Ray task and gives the same numbers; only `sched_ms_*` (wall time) differ. The
-replay itself is `shadow.replay.run`'s, the same path `shadow replay` takes.
+replay itself is `shadow.analysis.replay_run`'s, the same path `shadow replay` takes.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shadow.analysis.replay_run import replay_policy, retimed
 from shadow.policies import BalanceRouteConfig, is_balance_route
-from shadow.replay.run import replay_policy, retimed
 from shadow.replay.workload import StepModel, Workload
 
 #: Metrics that measure wall time, not the simulated fleet: they differ between runs.

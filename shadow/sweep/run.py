@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shadow.replay.run import require_requests
+from shadow.analysis.replay_run import require_requests
 from shadow.replay.workload import Workload
 from shadow.storage import Database
 from shadow.sweep.executors import CellOutcome, CellTask, Executor

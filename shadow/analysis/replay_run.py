@@ -4,6 +4,9 @@ cell take, so that a sweep cell is the same replay as `shadow replay` by constru
 Re-time the workload, replay it under a policy and summarise the result; store the runs
 of several policies as one replay run. Pure core: the workload arrives resolved (by
 `shadow.workloads`) and the writer from the caller (the CLI passes its `Database`).
+
+It stands above the simulator (`shadow.replay`) and the workload sources, beside the
+metrics it summarises with: the simulator imports neither (tests/test_architecture.py).
 """
 
 from __future__ import annotations
