@@ -68,6 +68,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # built on it (a replay run, retime -> replay -> summarise, is analysis/replay_run)
     ("shadow.replay", ("shadow.analysis", "shadow.workloads")),
     ("shadow.workloads", ("shadow.analysis",)),
+    # BR-H's policies hold predictors; a predictor reads the active set (predict/active)
+    ("shadow.predict", ("shadow.policies",)),
 )
 
 
@@ -118,6 +120,7 @@ def test_every_package_is_placed() -> None:
         ("policies/leak.py", "from shadow.service.store import ServiceStore\n"),
         ("replay/leak.py", "def f():\n    import shadow.storage.database\n"),
         ("replay/leak.py", "from shadow.analysis.metrics import summarize\n"),
+        ("predict/leak.py", "from shadow.policies.snapshot import FleetSnapshot\n"),
         ("stream/leak.py", "from shadow import world\n"),
         ("service/leak.py", "from shadow.world.demo import DemoPlan\n"),
     ],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shadow.policies.snapshot import NO_KEY, ActiveSet
+from shadow.predict.active import NO_KEY, ActiveSet
 from shadow.predict.predictors import Predictor
 
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from shadow.policies.snapshot import NO_KEY, ActiveSet, prompt_key_id
+from shadow.predict.active import NO_KEY, ActiveSet, prompt_key_id
 from shadow.predict.history import LengthHistory
 
 
