@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from shadow.stream.mirror import RequestState
+    from shadow.stream.mirror_records import RequestState
 
 #: rows per chunk: a chunk is dropped whole once all its rows are forgotten
 CHUNK_ROWS = 4096

@@ -35,7 +35,8 @@ from shadow.stream.join import (
     FinishOutcome,
     reason_label,
 )
-from shadow.stream.mirror import Completed, FleetMirror, RequestState, StepView
+from shadow.stream.mirror import FleetMirror
+from shadow.stream.mirror_records import Completed, RequestState, StepView
 
 
 class FleetCore:

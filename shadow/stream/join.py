@@ -27,7 +27,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from shadow.events.schema import FINISH_REASONS
-from shadow.stream.mirror import Completed, FleetMirror, RequestState
+from shadow.stream.mirror import FleetMirror
+from shadow.stream.mirror_records import Completed, RequestState
 
 #: the separator of an n > 1 child's choice index (`<external id>#<k>`)
 CHILD_SEPARATOR = "#"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from shadow.stream.mirror import RequestState
+    from shadow.stream.mirror_records import RequestState
 
 #: the columns' first size; they double as the pool grows
 INITIAL_ROWS = 256
