@@ -16,7 +16,6 @@ from shadow.policies.queued import JoinShortestQueueDispatch
 
 # isort: split
 from shadow.policies.balanceroute import (
-    BalanceRouteConfig,
     BalanceRouteHorizon,
     BalanceRouteZero,
     horizon_scores,
@@ -25,6 +24,7 @@ from shadow.policies.balanceroute import (
 )
 
 # isort: split
+from shadow.policies.balanceroute_config import BalanceRouteConfig
 from shadow.policies.base import HoldsWork, Policy
 from shadow.policies.bfio import BalanceFutureIO
 from shadow.policies.registry import (

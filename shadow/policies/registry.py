@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from shadow.policies.balanceroute import BalanceRouteConfig
+    from shadow.policies.balanceroute_config import BalanceRouteConfig
     from shadow.policies.base import Policy
     from shadow.predict.predictors import Predictor
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from shadow.policies import POLICY_NAMES
-from shadow.policies.balanceroute import MAX_CANDIDATES
+from shadow.policies.balanceroute_config import MAX_CANDIDATES
 from shadow.replay.workload import Workload
 
 #: Bump when the meaning of a stored cell changes, so old cells are not reused.
