@@ -89,25 +89,40 @@ async def _world(conn: Connection, plan: DemoPlan) -> None:
             )  # fmt: skip
             rounds += 1
 
+    def answer(command: tuple) -> None:
+        if command[0] == "kill_worker":
+            world.kill_worker(command[1])
+            conn.send("killed")
+        elif command[0] == "digests":
+            conn.send(dict(world.fleet.sent_digests))
+
     load = asyncio.create_task(traffic()) if plan.traffic else None
     try:
-        while True:
-            if not conn.poll():
-                await asyncio.sleep(0.05)
-                continue
-            command = conn.recv()
-            if command == "stop":
-                break
-            if command[0] == "kill_worker":
-                world.kill_worker(command[1])
-                conn.send("killed")
-            elif command[0] == "digests":
-                conn.send(dict(world.fleet.sent_digests))
+        await follow_commands(conn, answer)
     finally:
-        if load is not None:
-            load.cancel()
-            await asyncio.gather(load, return_exceptions=True)
+        await stop_load(load)
         await world.stop()
+
+
+async def follow_commands(conn: Connection, answer: Callable[[tuple], None] | None = None) -> None:
+    """The world process's side of its pipe to the service: each command goes to `answer`
+    until "stop" (polled, so the world's own tasks run meanwhile)."""
+    while True:
+        if not conn.poll():
+            await asyncio.sleep(0.05)
+            continue
+        command = conn.recv()
+        if command == "stop":
+            return
+        if answer is not None:
+            answer(command)
+
+
+async def stop_load(load: asyncio.Task[None] | None) -> None:
+    """Cancel the traffic task (if any) and wait until it has ended."""
+    if load is not None:
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
 
 
 def abandon_previous_world(pipeline: Pipeline, fleet: str) -> int:

@@ -14,7 +14,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shadow.world.demo import DemoPlan, DemoProcess, abandon_previous_world
+from shadow.world.demo import (
+    DemoPlan,
+    DemoProcess,
+    abandon_previous_world,
+    follow_commands,
+    stop_load,
+)
 
 if TYPE_CHECKING:
     from shadow.replay.workload import Workload
@@ -145,16 +151,8 @@ async def _real_world(
 
     load = asyncio.create_task(traffic()) if plan.traffic else None
     try:
-        while True:
-            if not conn.poll():
-                await asyncio.sleep(0.05)
-                continue
-            command = conn.recv()
-            if command == "stop":
-                break
+        await follow_commands(conn)
     finally:
-        if load is not None:
-            load.cancel()
-            await asyncio.gather(load, return_exceptions=True)
+        await stop_load(load)
         await world.stop_router()
         await asyncio.to_thread(world.stop_processes)
