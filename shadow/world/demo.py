@@ -9,10 +9,10 @@ import asyncio
 import contextlib
 import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -96,33 +96,35 @@ async def _world(conn: Connection, plan: DemoPlan) -> None:
         elif command[0] == "digests":
             conn.send(dict(world.fleet.sent_digests))
 
-    load = asyncio.create_task(traffic()) if plan.traffic else None
     try:
-        await follow_commands(conn, answer)
+        await follow_commands(conn, traffic() if plan.traffic else None, answer)
     finally:
-        await stop_load(load)
         await world.stop()
 
 
-async def follow_commands(conn: Connection, answer: Callable[[tuple], None] | None = None) -> None:
-    """The world process's side of its pipe to the service: each command goes to `answer`
-    until "stop" (polled, so the world's own tasks run meanwhile)."""
-    while True:
-        if not conn.poll():
-            await asyncio.sleep(0.05)
-            continue
-        command = conn.recv()
-        if command == "stop":
-            return
-        if answer is not None:
-            answer(command)
-
-
-async def stop_load(load: asyncio.Task[None] | None) -> None:
-    """Cancel the traffic task (if any) and wait until it has ended."""
-    if load is not None:
-        load.cancel()
-        await asyncio.gather(load, return_exceptions=True)
+async def follow_commands(
+    conn: Connection,
+    traffic: Coroutine[Any, Any, None] | None,
+    answer: Callable[[tuple], None] | None = None,
+) -> None:
+    """The world process's side of its pipe to the service: `traffic` runs as a task while
+    each command goes to `answer`, until "stop" (polled, so the tasks run meanwhile); the
+    traffic is then cancelled and waited for."""
+    load = asyncio.create_task(traffic) if traffic is not None else None
+    try:
+        while True:
+            if not conn.poll():
+                await asyncio.sleep(0.05)
+                continue
+            command = conn.recv()
+            if command == "stop":
+                return
+            if answer is not None:
+                answer(command)
+    finally:
+        if load is not None:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
 
 
 def abandon_previous_world(pipeline: Pipeline, fleet: str) -> int:

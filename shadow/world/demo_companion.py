@@ -14,13 +14,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shadow.world.demo import (
-    DemoPlan,
-    DemoProcess,
-    abandon_previous_world,
-    follow_commands,
-    stop_load,
-)
+from shadow.world.demo import DemoPlan, DemoProcess, abandon_previous_world, follow_commands
 
 if TYPE_CHECKING:
     from shadow.replay.workload import Workload
@@ -149,10 +143,8 @@ async def _real_world(
             )  # fmt: skip
             rounds += 1
 
-    load = asyncio.create_task(traffic()) if plan.traffic else None
     try:
-        await follow_commands(conn)
+        await follow_commands(conn, traffic() if plan.traffic else None)
     finally:
-        await stop_load(load)
         await world.stop_router()
         await asyncio.to_thread(world.stop_processes)
