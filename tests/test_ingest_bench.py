@@ -3,7 +3,13 @@ same windows, and their clocks run until the last one is stored."""
 
 from __future__ import annotations
 
+import gc
+import sys
+
+import pytest
+
 from shadow.bench import ingest
+from shadow.service.interpreter import SWITCH_INTERVAL_S, YOUNG_THRESHOLD
 
 
 def test_both_paths_store_every_window_of_the_log_before_the_clock_stops(tmp_path):
@@ -27,3 +33,20 @@ def test_both_paths_store_every_window_of_the_log_before_the_clock_stops(tmp_pat
 def test_without_the_windows_no_window_is_counted(tmp_path):
     report = ingest.run(requests=300, workdir=tmp_path)
     assert [r["windows"] for r in report["results"]] == [None, None]
+
+
+def test_the_file_pass_sets_up_its_interpreter_as_shadow_ingest_does(tmp_path):
+    """The file pass times `shadow ingest`'s pipeline in this process: with CPython's
+    default collector it ran a full collection over the mirror every second or so, a cost
+    the command, which tunes its interpreter first, does not pay."""
+    thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(700, 10, 10)
+    sys.setswitchinterval(0.005)
+    try:
+        recording = ingest.record(tmp_path, 200)
+        ingest.bench_file(recording, tmp_path / "file.duckdb")
+        assert gc.get_threshold()[0] == YOUNG_THRESHOLD
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+    finally:
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(interval)
