@@ -48,7 +48,6 @@ from shadow.policies import make_policy
 from shadow.replay import replay
 from shadow.replay.events import DEFAULT_PROGRESS_EVERY, iter_events
 from shadow.replay.workload import StepModel
-from shadow.service.interpreter import tune_interpreter
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.stream.audit import AuditFollower
@@ -261,8 +260,7 @@ def ingest_file(
     config = _service_config(db, audit_sampling, counterfactuals, max_audit_backlog,
                              duckdb_memory_mb)  # fmt: skip
     runtime = Runtime(load_settings(config, db=db))
-    runtime.start_workers()  # as `shadow ingest` does before its first batch, and then
-    tune_interpreter()  # its collector and GIL set up for ingest
+    runtime.start_ingesting()  # as `shadow ingest` does before its first batch
     pipeline = runtime.pipeline
     samples: list[Sample] = []
     events = 0

@@ -26,7 +26,6 @@ from shadow.replay import replay
 from shadow.replay.events import write_events
 from shadow.replay.workload import StepModel
 from shadow.service.footprint import cpu_seconds, process_tree
-from shadow.service.interpreter import tune_interpreter
 from shadow.service.runtime import Runtime
 from shadow.service.settings import load_settings
 from shadow.workloads.synthetic import generate
@@ -77,12 +76,7 @@ def bench_file(recording: Recording, db: Path, counterfactuals: bool = False) ->
     settings = load_settings(None, db=db, windows=counterfactuals)
     runtime = Runtime(settings)
     try:
-        # as `shadow ingest` does before its first batch: the workers started, then this
-        # process's collector and GIL set up for ingest (with CPython's defaults this pass
-        # ran a full collection over everything the mirror holds every second or so, 0.7 s
-        # of a 10 s pass, which the command does not pay)
-        runtime.start_workers()
-        tune_interpreter()
+        runtime.start_ingesting()  # as `shadow ingest` does before its first batch
         pids = _file_roles(runtime)
         cpu_before = _cpu_by_role(pids)
         started = time.perf_counter()

@@ -138,7 +138,6 @@ def ingest(
     from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
     from shadow.events import iter_file
-    from shadow.service.interpreter import tune_interpreter
     from shadow.service.runtime import DatabaseBusy, Runtime
     from shadow.service.store import StorageError
 
@@ -152,11 +151,10 @@ def ingest(
     except (DatabaseBusy, StorageError) as error:
         raise fail(escape(str(error))) from None
     try:
-        runtime.start_workers()
+        runtime.start_ingesting()
     except RuntimeError as error:
         runtime.close()
         raise fail(escape(str(error))) from None
-    tune_interpreter()
     totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
     errors = []
     started = time.perf_counter()
