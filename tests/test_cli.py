@@ -254,7 +254,7 @@ def test_replay_stores_the_run_in_duckdb_and_db_upgrade_is_idempotent(tmp_path):
         loads, active = database.worker_series(runs[0]["id"], "br0")
         assert loads.shape == (summaries["br0"]["steps"], 4) and (active <= 8).all()
     upgraded = runner.invoke(app, ["db", "upgrade", "--db", str(db)])
-    assert upgraded.exit_code == 0 and "0014" in upgraded.output
+    assert upgraded.exit_code == 0 and "0015" in upgraded.output
 
 
 def test_bench_fleet_reports_rates_audit_and_storage(tmp_path):

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import zlib
 
 import duckdb
 import httpx
@@ -330,18 +331,24 @@ def test_summary_table_is_deterministic_and_pairs_windows():
 
 def test_each_dispatch_stores_its_snapshot_once_and_every_row_shows_it(service):
     """The audit writes a dispatch's snapshot on one of its rows (without what the loads
-    give); the list shows every row its dispatch's whole snapshot, as the detail does."""
+    give, compressed); the list shows every row its dispatch's whole snapshot, as the
+    detail does."""
     client, _, db = service
     with duckdb.connect(str(db), read_only=True) as con:
         per_dispatch = con.execute(
-            "SELECT count(snapshot), count(*) FROM decisions GROUP BY fleet, ingest_id"
+            "SELECT count(snapshot_z), count(snapshot), count(*) FROM decisions "
+            "GROUP BY fleet, ingest_id"
         ).fetchall()
         stored = json.loads(
-            con.execute(
-                "SELECT snapshot FROM decisions WHERE snapshot IS NOT NULL LIMIT 1"
-            ).fetchone()[0]
+            zlib.decompress(
+                con.execute(
+                    "SELECT snapshot_z FROM decisions WHERE snapshot_z IS NOT NULL LIMIT 1"
+                ).fetchone()[0]
+            )
         )
-    assert per_dispatch and all(kept == 1 and rows == 3 for kept, rows in per_dispatch)
+    assert per_dispatch and all(
+        (kept, as_text, rows) == (1, 0, 3) for kept, as_text, rows in per_dispatch
+    )
     assert set(stored) == {"workers", "loads", "active", "capacity", "f_brh"}
     rows = get(client, f"{FLEET}/decisions", limit=300)["items"]
     assert len({r["ingest_id"] for r in rows}) < len(rows)  # dispatches with several rows

@@ -6,6 +6,7 @@ import logging
 import math
 import subprocess
 import sys
+import zlib
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from shadow.storage import (
     head_revision,
     migrations_dir,
     open_database,
+    queries,
     upgrade,
 )
 from shadow.storage.database import _alembic_config
@@ -117,7 +119,7 @@ def test_db_head_equals_script_head(tmp_path: Path) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     script_head = ScriptDirectory.from_config(cfg).get_current_head()
-    assert script_head == head_revision() == "0014"
+    assert script_head == head_revision() == "0015"
     with open_database(tmp_path / "s.duckdb") as db, db.engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == script_head
 
@@ -295,7 +297,7 @@ def test_decision_snapshots_once_per_dispatch_migrate_both_ways(tmp_path: Path) 
     gives each of them its dispatch's snapshot (what the code before reads)."""
     path = tmp_path / "s.duckdb"
     open_database(path).close()
-    columns = ", ".join(DECISION_COLUMNS)
+    columns = ", ".join((*DECISION_COLUMNS[:-1], "snapshot"))  # as stored before 0015
     with duckdb.connect(str(path)) as con:
         for policy, snapshot in (("br0", '{"loads": [1, 2]}'), ("jsq-pool", None)):
             row = [7, "f", 1.0, "r", 10, "w0", "jsq", policy, "w1", False, 0.0, 0.0, 0.0,
@@ -309,8 +311,44 @@ def test_decision_snapshots_once_per_dispatch_migrate_both_ways(tmp_path: Path) 
     assert stored == [("br0", '{"loads": [1, 2]}'), ("jsq-pool", '{"loads": [1, 2]}')]
 
 
+def test_compressed_snapshots_migrate_both_ways_and_read_as_the_json_before(
+    tmp_path: Path,
+) -> None:
+    """Since 0015 a snapshot is stored zlib-compressed in `snapshot_z`; a row stored before
+    keeps its JSON in `snapshot`. Readers show both alike, and going back to 0014 turns the
+    compressed ones back into JSON (what the code before reads)."""
+    path = tmp_path / "s.duckdb"
+    open_database(path).close()
+    new = '{"workers":["a","b"],"loads":[5,2],"active":[1,1],"capacity":[4,4],"f_brh":[1.5,2.5]}'
+    old = '{"workers":["a","b"],"loads":[3,9],"active":[2,0],"capacity":[4,4],"f_brh":[0.5,0.0]}'
+    with duckdb.connect(str(path)) as con:
+        for ingest_id, column, value in ((7, "snapshot_z", zlib.compress(new.encode(), 1)),
+                                         (8, "snapshot", old)):  # fmt: skip
+            con.execute(
+                "INSERT INTO decisions (ingest_id, fleet, ts, request_id, prompt_tokens, "
+                "incumbent_worker, incumbent_policy, policy, agrees, f_br0_incumbent, "
+                f"f_br0_best, f_brh_incumbent, f_brh_best, mirror_jsq_agrees, {column}) "
+                "VALUES (?, 'f', 1.0, 'r', 4, 'a', 'jsq', 'br0', true, 0, 0, 0, 0, true, ?)",
+                [ingest_id, value],
+            )
+        stored = dict(
+            con.execute(
+                f"SELECT ingest_id, {queries.STORED_SNAPSHOT} FROM decisions ORDER BY 1"
+            ).fetchall()
+        )
+    shown = {i: queries.complete_snapshot(blob, 4) for i, blob in stored.items()}
+    assert shown[7]["loads"] == [5, 2] and shown[7]["margins"] == [0, 3]
+    assert shown[8]["loads"] == [3, 9] and shown[8]["f_br0"] == [4 - 2 * 0, 4 - 2 * 4]
+    command.downgrade(_alembic_config(f"duckdb:///{path}"), "0014")
+    with duckdb.connect(str(path)) as con:
+        back = con.execute("SELECT ingest_id, snapshot FROM decisions ORDER BY 1").fetchall()
+        columns = {c[0] for c in con.execute("DESCRIBE decisions").fetchall()}
+    assert back == [(7, new), (8, old)] and "snapshot_z" not in columns
+
+
 _PROGRESS_BAR_SETTINGS = """
 import sys
+import zlib
 from sqlalchemy import text
 from shadow.storage.database import open_database
 setting = text("SELECT current_setting('enable_progress_bar')")

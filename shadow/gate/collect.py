@@ -17,7 +17,7 @@ from shadow.gate.evidence import Evidence, WindowPair
 from shadow.gate.source import EvidenceSource
 from shadow.policies import NO_KEY, BalanceRouteConfig, make_policy, prompt_key_id
 from shadow.predict import OraclePredictor, Predictor, prequential_calibrate
-from shadow.storage.queries import source, time_range, with_snapshots
+from shadow.storage.queries import STORED_SNAPSHOT, source, time_range, with_snapshots
 from shadow.stream.window_metrics import decode_tpot
 from shadow.stream.windows import AA
 
@@ -213,7 +213,8 @@ def _disagreements(
     its round held back has no choice to compare)."""
     rows = store.query(
         f"SELECT ingest_id, ts, request_id, prompt_tokens, incumbent_worker, choice, "
-        f"f_br0_incumbent, f_br0_choice, f_brh_incumbent, f_brh_choice, snapshot "
+        f"f_br0_incumbent, f_br0_choice, f_brh_incumbent, f_brh_choice, "
+        f"{STORED_SNAPSHOT} AS snapshot "
         f"FROM {decisions} WHERE fleet = :fleet AND policy = :candidate AND NOT agrees "
         f"AND choice IS NOT NULL"
         f"{clause} ORDER BY (f_br0_choice - f_br0_incumbent) DESC, ingest_id LIMIT :limit",

@@ -67,7 +67,7 @@ DECISION_COLUMNS = (
     "ingest_id", "fleet", "ts", "request_id", "prompt_tokens", "incumbent_worker",
     "incumbent_policy", "policy", "choice", "agrees", "f_br0_incumbent", "f_br0_choice",
     "f_br0_best", "f_brh_incumbent", "f_brh_choice", "f_brh_best", "mirror_jsq_agrees",
-    "router_view_agrees", "latency_ms", "snapshot",
+    "router_view_agrees", "latency_ms", "snapshot_z",
 )  # fmt: skip
 VIOLATION_COLUMNS = ("ingest_id", "fleet", "kind", "severity", "worker", "request_id", "ts",
                      "detail")  # fmt: skip

@@ -380,7 +380,7 @@ def table_source(
     listed = ", ".join(_literal(str(f)) for f in files)
     return (
         f"(SELECT * FROM {table} UNION ALL BY NAME SELECT * FROM "
-        f"read_parquet([{listed}], hive_partitioning = false)) AS {name}"
+        f"read_parquet([{listed}], hive_partitioning = false, union_by_name = true)) AS {name}"
     )
 
 

@@ -269,9 +269,12 @@ class DecisionRow(Base):
     f_brh_best: Mapped[float] = mapped_column(Double, nullable=False)
     mirror_jsq_agrees: Mapped[bool] = mapped_column(Boolean, nullable=False)
     router_view_agrees: Mapped[bool | None] = mapped_column(Boolean)
-    #: the dispatch's frozen snapshot, on one of its rows (NULL on the others: 0014)
+    #: the dispatch's frozen snapshot as JSON, on one of its rows (NULL on the others:
+    #: 0014); rows stored since 0015 hold it in `snapshot_z` instead
     snapshot: Mapped[str | None] = mapped_column(Text, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Double)
+    #: the snapshot's JSON compressed with zlib (0015), on one of its dispatch's rows
+    snapshot_z: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
     __mapper_args__ = {"primary_key": [ingest_id, policy]}  # noqa: RUF012
 

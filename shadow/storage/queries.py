@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -157,6 +158,14 @@ def latest_step_fit(reader: Reader, fleet: str) -> dict[str, Any] | None:
 
 # -- decisions and violations ------------------------------------------------------------
 
+#: A decision row's stored snapshot as one BLOB: the compressed JSON of rows stored since
+#: migration 0015, else the JSON of rows stored before (`complete_snapshot` reads both).
+STORED_SNAPSHOT = "coalesce(snapshot_z, encode(snapshot))"
+#: Every column of a decision row, its snapshot as `STORED_SNAPSHOT` in `snapshot`.
+DECISION_FIELDS = f"* EXCLUDE (snapshot, snapshot_z), {STORED_SNAPSHOT} AS snapshot"
+#: The first byte of a zlib stream (deflate, 32 KiB window), which JSON never starts with.
+ZLIB_HEADER = b"\x78"
+
 
 def decision_latency_p99(
     reader: Reader, fleet: str, policy: str, t_start: float, t_end: float
@@ -171,20 +180,25 @@ def decision_latency_p99(
 
 
 def dispatch_decisions(reader: Reader, fleet: str, ingest_id: int) -> list[dict[str, Any]]:
-    """Every policy's decision on one audited dispatch."""
+    """Every policy's decision on one audited dispatch (`snapshot`: as stored, see
+    `STORED_SNAPSHOT`)."""
     return reader.query(
-        f"SELECT * FROM {source(reader, 'decisions')} WHERE fleet = :fleet AND "
+        f"SELECT {DECISION_FIELDS} FROM {source(reader, 'decisions')} WHERE fleet = :fleet AND "
         "ingest_id = :id ORDER BY policy",
         {"fleet": fleet, "id": ingest_id},
     )
 
 
-def complete_snapshot(stored: str, prompt_tokens: int) -> dict[str, Any]:
-    """A dispatch's frozen snapshot as the API shows it, from its stored JSON.
+def complete_snapshot(stored: str | bytes, prompt_tokens: int) -> dict[str, Any]:
+    """A dispatch's frozen snapshot as the API shows it, from what `STORED_SNAPSHOT`
+    reads: its JSON, zlib-compressed since 0015 (a zlib stream starts with 0x78, JSON
+    with `{`).
 
     The audit stores what cannot be derived (workers, loads, active, capacity, f_brh);
     each worker's margin and BR-0 score follow from the loads and the prompt (rows stored
     before that carry them, and keep them)."""
+    if isinstance(stored, bytes) and stored[:1] == ZLIB_HEADER:
+        stored = zlib.decompress(stored)
     snapshot = json.loads(stored)
     loads = snapshot.get("loads", [])
     if "margins" not in snapshot and loads:
@@ -205,14 +219,15 @@ def with_snapshots(reader: Reader, table: str, fleet: str, rows: list[dict[str, 
     ~10 KB of JSON, and writing it once per policy was most of the server's commit time);
     the rows without it take it from that row, found in `table` by ingest id."""
     missing = sorted({int(r["ingest_id"]) for r in rows if r["snapshot"] is None})
-    found: dict[int, str] = {}
+    found: dict[int, bytes] = {}
     if missing:
         listed = ", ".join(str(i) for i in missing)
         found = {
             int(r["ingest_id"]): r["snapshot"]
             for r in reader.query(
-                f"SELECT ingest_id, snapshot FROM {table} WHERE fleet = :fleet AND "
-                f"ingest_id IN ({listed}) AND snapshot IS NOT NULL",
+                f"SELECT ingest_id, {STORED_SNAPSHOT} AS snapshot FROM {table} "
+                f"WHERE fleet = :fleet AND ingest_id IN ({listed}) "
+                "AND (snapshot_z IS NOT NULL OR snapshot IS NOT NULL)",
                 {"fleet": fleet},
             )
         }

@@ -65,7 +65,8 @@ def decisions(
     total, rows = queries.page(
         store, table, where, params,
         f"{column} {direction} NULLS LAST, ingest_id {direction}, policy",
-        ("*" if snapshot else "* EXCLUDE (snapshot)") + ", f_br0_best - f_br0_incumbent AS regret",
+        (queries.DECISION_FIELDS if snapshot else "* EXCLUDE (snapshot, snapshot_z)")
+        + ", f_br0_best - f_br0_incumbent AS regret",
     )  # fmt: skip
     if snapshot:
         queries.with_snapshots(store, table, fleet, rows)
