@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import zlib
 
 import duckdb
 import httpx
@@ -331,7 +330,7 @@ def test_summary_table_is_deterministic_and_pairs_windows():
 
 def test_each_dispatch_stores_its_snapshot_once_and_every_row_shows_it(service):
     """The audit writes a dispatch's snapshot on one of its rows (without what the loads
-    give, compressed); the list shows every row its dispatch's whole snapshot, as the
+    give, as bytes since 0015); the list shows every row its dispatch's whole snapshot, as the
     detail does."""
     client, _, db = service
     with duckdb.connect(str(db), read_only=True) as con:
@@ -339,12 +338,10 @@ def test_each_dispatch_stores_its_snapshot_once_and_every_row_shows_it(service):
             "SELECT count(snapshot_z), count(snapshot), count(*) FROM decisions "
             "GROUP BY fleet, ingest_id"
         ).fetchall()
-        stored = json.loads(
-            zlib.decompress(
-                con.execute(
-                    "SELECT snapshot_z FROM decisions WHERE snapshot_z IS NOT NULL LIMIT 1"
-                ).fetchone()[0]
-            )
+        stored = queries.stored_snapshot(
+            con.execute(
+                "SELECT snapshot_z FROM decisions WHERE snapshot_z IS NOT NULL LIMIT 1"
+            ).fetchone()[0]
         )
     assert per_dispatch and all(
         (kept, as_text, rows) == (1, 0, 3) for kept, as_text, rows in per_dispatch

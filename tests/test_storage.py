@@ -314,16 +314,18 @@ def test_decision_snapshots_once_per_dispatch_migrate_both_ways(tmp_path: Path) 
 def test_compressed_snapshots_migrate_both_ways_and_read_as_the_json_before(
     tmp_path: Path,
 ) -> None:
-    """Since 0015 a snapshot is stored zlib-compressed in `snapshot_z`; a row stored before
-    keeps its JSON in `snapshot`. Readers show both alike, and going back to 0014 turns the
-    compressed ones back into JSON (what the code before reads)."""
+    """Since 0015 a snapshot is stored as JSON bytes in `snapshot_z`, zlib-compressed when
+    large; a row stored before keeps its JSON in `snapshot`. Readers show all alike, and
+    going back to 0014 turns the bytes back into JSON text (what the code before reads)."""
     path = tmp_path / "s.duckdb"
     open_database(path).close()
     new = '{"workers":["a","b"],"loads":[5,2],"active":[1,1],"capacity":[4,4],"f_brh":[1.5,2.5]}'
+    small = '{"workers":["a","b"],"loads":[1,1],"active":[1,1],"capacity":[4,4],"f_brh":[0,0]}'
     old = '{"workers":["a","b"],"loads":[3,9],"active":[2,0],"capacity":[4,4],"f_brh":[0.5,0.0]}'
     with duckdb.connect(str(path)) as con:
         for ingest_id, column, value in ((7, "snapshot_z", zlib.compress(new.encode(), 1)),
-                                         (8, "snapshot", old)):  # fmt: skip
+                                         (8, "snapshot", old),
+                                         (9, "snapshot_z", small.encode())):  # fmt: skip
             con.execute(
                 "INSERT INTO decisions (ingest_id, fleet, ts, request_id, prompt_tokens, "
                 "incumbent_worker, incumbent_policy, policy, agrees, f_br0_incumbent, "
@@ -339,11 +341,12 @@ def test_compressed_snapshots_migrate_both_ways_and_read_as_the_json_before(
     shown = {i: queries.complete_snapshot(blob, 4) for i, blob in stored.items()}
     assert shown[7]["loads"] == [5, 2] and shown[7]["margins"] == [0, 3]
     assert shown[8]["loads"] == [3, 9] and shown[8]["f_br0"] == [4 - 2 * 0, 4 - 2 * 4]
+    assert shown[9]["loads"] == [1, 1]
     command.downgrade(_alembic_config(f"duckdb:///{path}"), "0014")
     with duckdb.connect(str(path)) as con:
         back = con.execute("SELECT ingest_id, snapshot FROM decisions ORDER BY 1").fetchall()
         columns = {c[0] for c in con.execute("DESCRIBE decisions").fetchall()}
-    assert back == [(7, new), (8, old)] and "snapshot_z" not in columns
+    assert back == [(7, new), (8, old), (9, small)] and "snapshot_z" not in columns
 
 
 _PROGRESS_BAR_SETTINGS = """

@@ -158,8 +158,9 @@ def latest_step_fit(reader: Reader, fleet: str) -> dict[str, Any] | None:
 
 # -- decisions and violations ------------------------------------------------------------
 
-#: A decision row's stored snapshot as one BLOB: the compressed JSON of rows stored since
-#: migration 0015, else the JSON of rows stored before (`complete_snapshot` reads both).
+#: A decision row's stored snapshot as one BLOB: `snapshot_z` on rows stored since
+#: migration 0015 (JSON, compressed when large), else the JSON of rows stored before
+#: (`stored_snapshot` reads each).
 STORED_SNAPSHOT = "coalesce(snapshot_z, encode(snapshot))"
 #: Every column of a decision row, its snapshot as `STORED_SNAPSHOT` in `snapshot`.
 DECISION_FIELDS = f"* EXCLUDE (snapshot, snapshot_z), {STORED_SNAPSHOT} AS snapshot"
@@ -189,17 +190,21 @@ def dispatch_decisions(reader: Reader, fleet: str, ingest_id: int) -> list[dict[
     )
 
 
+def stored_snapshot(stored: str | bytes) -> dict[str, Any]:
+    """A snapshot as stored, from what `STORED_SNAPSHOT` reads: its JSON, zlib-compressed
+    when large since 0015 (a zlib stream starts with 0x78, JSON with `{`)."""
+    if isinstance(stored, bytes) and stored[:1] == ZLIB_HEADER:
+        stored = zlib.decompress(stored)
+    return json.loads(stored)
+
+
 def complete_snapshot(stored: str | bytes, prompt_tokens: int) -> dict[str, Any]:
-    """A dispatch's frozen snapshot as the API shows it, from what `STORED_SNAPSHOT`
-    reads: its JSON, zlib-compressed since 0015 (a zlib stream starts with 0x78, JSON
-    with `{`).
+    """A dispatch's frozen snapshot as the API shows it (`stored_snapshot`, completed).
 
     The audit stores what cannot be derived (workers, loads, active, capacity, f_brh);
     each worker's margin and BR-0 score follow from the loads and the prompt (rows stored
     before that carry them, and keep them)."""
-    if isinstance(stored, bytes) and stored[:1] == ZLIB_HEADER:
-        stored = zlib.decompress(stored)
-    snapshot = json.loads(stored)
+    snapshot = stored_snapshot(stored)
     loads = snapshot.get("loads", [])
     if "margins" not in snapshot and loads:
         top = max(loads)

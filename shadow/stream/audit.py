@@ -61,6 +61,9 @@ _encode_json = msgspec.json.Encoder().encode
 #: zlib level of the stored snapshot: level 1 is 4.7x smaller at G = 256 and half level
 #: 6's time for 5% more bytes (measured on 2,000 stored snapshots)
 SNAPSHOT_ZLIB_LEVEL = 1
+#: Snapshots up to this many bytes of JSON are stored as they are: at G = 8 (~270 bytes)
+#: zlib would cost ~8 us a dispatch, on the audit's critical path, to save ~110 bytes.
+SNAPSHOT_COMPRESS_OVER = 1024
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,10 @@ class Decision(NamedTuple):
     #: CPU time of this policy's whole round (projection included) on the first decision
     #: of the incumbent's round; None on the round's other decisions
     latency_ms: float | None
-    #: the frozen snapshot as zlib-compressed JSON: {"workers", "loads", "active",
-    #: "capacity", "f_brh"} (every worker's BR-H score for this request), on the
-    #: dispatch's first decision only (None on the others; readers decompress and
-    #: complete it: `storage.queries.with_snapshots`)
+    #: the frozen snapshot as JSON, zlib-compressed when over `SNAPSHOT_COMPRESS_OVER`
+    #: bytes: {"workers", "loads", "active", "capacity", "f_brh"} (every worker's BR-H
+    #: score for this request), on the dispatch's first decision only (None on the
+    #: others; readers decompress and complete it: `storage.queries.with_snapshots`)
     snapshot_z: bytes | None
 
 
@@ -307,20 +310,19 @@ class Auditor:
         # Stored once per dispatch, on its first decision row, and without what the loads
         # and the prompt give (margins, BR-0's scores: `storage.queries.complete_snapshot`):
         # at G = 256 it is ~7.8 KB, and writing it whole for each policy was most of the
-        # server's commit time. Compressed (~1.6 KB, ~50 us here): DuckDB rewrites the
-        # open row group at every checkpoint, and as text it made those take seconds.
-        frozen: bytes | None = zlib.compress(
-            _encode_json(
-                {
-                    "workers": list(map(str, workers)),
-                    "loads": loads.tolist(),
-                    "active": snapshot.active_count.tolist(),
-                    "capacity": snapshot.capacity.tolist(),
-                    "f_brh": np.round(brh, 3).tolist(),
-                }
-            ),
-            SNAPSHOT_ZLIB_LEVEL,
+        # server's commit time. Compressed when large (G = 256: ~1.6 KB for ~40 us here):
+        # DuckDB rewrites recent row groups at its checkpoints, which as text took seconds.
+        frozen: bytes | None = _encode_json(
+            {
+                "workers": list(map(str, workers)),
+                "loads": loads.tolist(),
+                "active": snapshot.active_count.tolist(),
+                "capacity": snapshot.capacity.tolist(),
+                "f_brh": np.round(brh, 3).tolist(),
+            }
         )
+        if len(frozen) > SNAPSHOT_COMPRESS_OVER:
+            frozen = zlib.compress(frozen, SNAPSHOT_ZLIB_LEVEL)
         br0_best = float(br0[scored].max())
         brh_best = float(brh[scored].max())
         decisions = []
