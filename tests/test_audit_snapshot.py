@@ -10,8 +10,9 @@ import pytest
 
 from shadow.policies import FleetSnapshot
 from shadow.policies.snapshot import ActiveSet
-from shadow.storage.queries import stored_snapshot
-from shadow.stream.audit import SNAPSHOT_COMPRESS_OVER, AuditJob, Auditor
+from shadow.stream.audit import AuditJob, Auditor
+from shadow.stream.stored_snapshot import COMPRESS_OVER as SNAPSHOT_COMPRESS_OVER
+from shadow.stream.stored_snapshot import unpack as stored_snapshot
 
 
 def _audited(workers: int) -> tuple[FleetSnapshot, bytes]:

@@ -21,6 +21,7 @@ from shadow.gate.thresholds import Thresholds
 from shadow.gate.verdict import decide
 from shadow.storage import queries
 from shadow.storage.database import duck_connection
+from shadow.stream.stored_snapshot import unpack as unpack_snapshot
 from shadow.stream.trajectory import Trajectory, bucket, join
 from shadow.stream.windows import WINDOW_METRICS
 from shadow.world.process import REPO
@@ -338,7 +339,7 @@ def test_each_dispatch_stores_its_snapshot_once_and_every_row_shows_it(service):
             "SELECT count(snapshot_z), count(snapshot), count(*) FROM decisions "
             "GROUP BY fleet, ingest_id"
         ).fetchall()
-        stored = queries.stored_snapshot(
+        stored = unpack_snapshot(
             con.execute(
                 "SELECT snapshot_z FROM decisions WHERE snapshot_z IS NOT NULL LIMIT 1"
             ).fetchone()[0]

@@ -5,10 +5,10 @@ At G = 256 the snapshot is ~7.8 KB of JSON a dispatch, ~95% of the decisions tab
 DuckDB rewrites recent row groups at its checkpoints, which run inside the server's group
 commits: at 550 dispatches a second they took up to 6 s, and no batch was acknowledged
 meanwhile. zlib (level 1) makes it ~1.6 KB. New rows write `snapshot_z`, the JSON bytes,
-compressed when over 1 KiB (`stream.audit.SNAPSHOT_COMPRESS_OVER`: a small fleet's
+compressed when over 1 KiB (`stream.stored_snapshot`: a small fleet's
 snapshot gains little), and leave `snapshot` NULL; rows stored before keep their JSON in
 `snapshot`, and readers take whichever the row has (`storage.queries.STORED_SNAPSHOT`,
-`stored_snapshot`).
+`stream.stored_snapshot.unpack`).
 
 Revision ID: 0015
 Revises: 0014
@@ -28,7 +28,7 @@ down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-#: the first byte of a zlib stream, which JSON never starts with (as `storage.queries`:
+#: the first byte of a zlib stream, which JSON never starts with (as `stream.stored_snapshot`:
 #: a migration keeps its own constants, since the code it was written with moves on)
 ZLIB_HEADER = b"\x78"
 

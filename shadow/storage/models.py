@@ -273,7 +273,8 @@ class DecisionRow(Base):
     #: 0014); rows stored since 0015 hold it in `snapshot_z` instead
     snapshot: Mapped[str | None] = mapped_column(Text, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Double)
-    #: the snapshot's JSON compressed with zlib (0015), on one of its dispatch's rows
+    #: the snapshot's JSON bytes, zlib-compressed when large (0015:
+    #: `stream.stored_snapshot`), on one of its dispatch's rows
     snapshot_z: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
     __mapper_args__ = {"primary_key": [ingest_id, policy]}  # noqa: RUF012

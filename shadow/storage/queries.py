@@ -10,9 +10,7 @@ range reaches into it, the archive's Parquet files, as one relation.
 
 from __future__ import annotations
 
-import json
 import re
-import zlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,6 +18,7 @@ import numpy as np
 
 from shadow.storage.archive import table_source
 from shadow.stream.join import CHILD_SEPARATOR
+from shadow.stream.stored_snapshot import unpack as unpack_snapshot
 
 
 class Reader(Protocol):
@@ -159,13 +158,13 @@ def latest_step_fit(reader: Reader, fleet: str) -> dict[str, Any] | None:
 # -- decisions and violations ------------------------------------------------------------
 
 #: A decision row's stored snapshot as one BLOB: `snapshot_z` on rows stored since
-#: migration 0015 (JSON, compressed when large), else the JSON of rows stored before
-#: (`stored_snapshot` reads each).
+#: migration 0015 (`stream.stored_snapshot.pack`), else the JSON of rows stored before
+#: (`stream.stored_snapshot.unpack` reads each).
 STORED_SNAPSHOT = "coalesce(snapshot_z, encode(snapshot))"
+#: Every column of a decision row but its stored snapshot.
+DECISION_COLUMNS_BUT_SNAPSHOT = "* EXCLUDE (snapshot, snapshot_z)"
 #: Every column of a decision row, its snapshot as `STORED_SNAPSHOT` in `snapshot`.
-DECISION_FIELDS = f"* EXCLUDE (snapshot, snapshot_z), {STORED_SNAPSHOT} AS snapshot"
-#: The first byte of a zlib stream (deflate, 32 KiB window), which JSON never starts with.
-ZLIB_HEADER = b"\x78"
+DECISION_FIELDS = f"{DECISION_COLUMNS_BUT_SNAPSHOT}, {STORED_SNAPSHOT} AS snapshot"
 
 
 def decision_latency_p99(
@@ -190,21 +189,14 @@ def dispatch_decisions(reader: Reader, fleet: str, ingest_id: int) -> list[dict[
     )
 
 
-def stored_snapshot(stored: str | bytes) -> dict[str, Any]:
-    """A snapshot as stored, from what `STORED_SNAPSHOT` reads: its JSON, zlib-compressed
-    when large since 0015 (a zlib stream starts with 0x78, JSON with `{`)."""
-    if isinstance(stored, bytes) and stored[:1] == ZLIB_HEADER:
-        stored = zlib.decompress(stored)
-    return json.loads(stored)
-
-
 def complete_snapshot(stored: str | bytes, prompt_tokens: int) -> dict[str, Any]:
-    """A dispatch's frozen snapshot as the API shows it (`stored_snapshot`, completed).
+    """A dispatch's frozen snapshot as the API shows it, from what `STORED_SNAPSHOT`
+    reads (`stream.stored_snapshot.unpack`), completed.
 
     The audit stores what cannot be derived (workers, loads, active, capacity, f_brh);
     each worker's margin and BR-0 score follow from the loads and the prompt (rows stored
     before that carry them, and keep them)."""
-    snapshot = stored_snapshot(stored)
+    snapshot = unpack_snapshot(stored)
     loads = snapshot.get("loads", [])
     if "margins" not in snapshot and loads:
         top = max(loads)
@@ -232,7 +224,7 @@ def with_snapshots(reader: Reader, table: str, fleet: str, rows: list[dict[str, 
             for r in reader.query(
                 f"SELECT ingest_id, {STORED_SNAPSHOT} AS snapshot FROM {table} "
                 f"WHERE fleet = :fleet AND ingest_id IN ({listed}) "
-                "AND (snapshot_z IS NOT NULL OR snapshot IS NOT NULL)",
+                f"AND {STORED_SNAPSHOT} IS NOT NULL",
                 {"fleet": fleet},
             )
         }

@@ -28,7 +28,6 @@ and decisions the other, never snapshots.
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -53,17 +52,12 @@ from shadow.stream.invariants import InvariantConfig
 from shadow.stream.items import DispatchItem, StreamItem, decode_stream
 from shadow.stream.mirror import FleetMirror
 from shadow.stream.projection import MaintainedProjection
+from shadow.stream.stored_snapshot import pack as pack_snapshot
 
 DEFAULT_SHADOW_POLICIES = ("jsq-pool", "br0", "brh-survival")
 #: the frozen snapshot's JSON (msgspec: a tenth of `json.dumps`'s time at G = 256, where
 #: the snapshot is 1,800 numbers and written for every audited dispatch)
 _encode_json = msgspec.json.Encoder().encode
-#: zlib level of the stored snapshot: level 1 is 4.7x smaller at G = 256 and half level
-#: 6's time for 5% more bytes (measured on 2,000 stored snapshots)
-SNAPSHOT_ZLIB_LEVEL = 1
-#: Snapshots up to this many bytes of JSON are stored as they are: at G = 8 (~270 bytes)
-#: zlib would cost ~8 us a dispatch, on the audit's critical path, to save ~110 bytes.
-SNAPSHOT_COMPRESS_OVER = 1024
 
 
 @dataclass(frozen=True)
@@ -99,10 +93,10 @@ class Decision(NamedTuple):
     #: CPU time of this policy's whole round (projection included) on the first decision
     #: of the incumbent's round; None on the round's other decisions
     latency_ms: float | None
-    #: the frozen snapshot as JSON, zlib-compressed when over `SNAPSHOT_COMPRESS_OVER`
-    #: bytes: {"workers", "loads", "active", "capacity", "f_brh"} (every worker's BR-H
-    #: score for this request), on the dispatch's first decision only (None on the
-    #: others; readers decompress and complete it: `storage.queries.with_snapshots`)
+    #: the frozen snapshot's JSON as stored (`stream.stored_snapshot.pack`): {"workers",
+    #: "loads", "active", "capacity", "f_brh"} (every worker's BR-H score for this
+    #: request), on the dispatch's first decision only (None on the others; readers
+    #: unpack and complete it: `storage.queries.with_snapshots`)
     snapshot_z: bytes | None
 
 
@@ -310,19 +304,18 @@ class Auditor:
         # Stored once per dispatch, on its first decision row, and without what the loads
         # and the prompt give (margins, BR-0's scores: `storage.queries.complete_snapshot`):
         # at G = 256 it is ~7.8 KB, and writing it whole for each policy was most of the
-        # server's commit time. Compressed when large (G = 256: ~1.6 KB for ~40 us here):
-        # DuckDB rewrites recent row groups at its checkpoints, which as text took seconds.
-        frozen: bytes | None = _encode_json(
-            {
-                "workers": list(map(str, workers)),
-                "loads": loads.tolist(),
-                "active": snapshot.active_count.tolist(),
-                "capacity": snapshot.capacity.tolist(),
-                "f_brh": np.round(brh, 3).tolist(),
-            }
+        # server's commit time. Packed here, compressed when large (`stored_snapshot`).
+        frozen: bytes | None = pack_snapshot(
+            _encode_json(
+                {
+                    "workers": list(map(str, workers)),
+                    "loads": loads.tolist(),
+                    "active": snapshot.active_count.tolist(),
+                    "capacity": snapshot.capacity.tolist(),
+                    "f_brh": np.round(brh, 3).tolist(),
+                }
+            )
         )
-        if len(frozen) > SNAPSHOT_COMPRESS_OVER:
-            frozen = zlib.compress(frozen, SNAPSHOT_ZLIB_LEVEL)
         br0_best = float(br0[scored].max())
         brh_best = float(brh[scored].max())
         decisions = []

@@ -65,7 +65,7 @@ def decisions(
     total, rows = queries.page(
         store, table, where, params,
         f"{column} {direction} NULLS LAST, ingest_id {direction}, policy",
-        (queries.DECISION_FIELDS if snapshot else "* EXCLUDE (snapshot, snapshot_z)")
+        (queries.DECISION_FIELDS if snapshot else queries.DECISION_COLUMNS_BUT_SNAPSHOT)
         + ", f_br0_best - f_br0_incumbent AS regret",
     )  # fmt: skip
     if snapshot:
